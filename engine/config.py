@@ -1,0 +1,99 @@
+"""EngineConfig: the one validated set of engine settings.
+
+Built from keyword arguments (launch.py flags, the engine CLI, tests) with `S1_MINI_*` environment
+variables as fallbacks. This is the only module that reads the environment for engine settings.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+
+from .errors import InputError
+
+DEFAULT_REPO_ID = "fishaudio/openaudio-s1-mini"
+DEFAULT_LOCAL_CHECKPOINT = Path("checkpoints/openaudio-s1-mini")
+
+DEVICES = ("auto", "cpu", "cuda", "mps")
+PRECISIONS = ("auto", "bf16", "fp16", "fp32")
+COMPILE_MODES = ("auto", "on", "off")
+QUANTIZE_MODES = ("none", "int8", "int4", "fp8")
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    # Local directory or Hugging Face repo id; None = ./checkpoints/openaudio-s1-mini if present,
+    # else the default repo id.
+    checkpoint: str | None = None
+    demo: bool = False  # tiny random model: runs anywhere in seconds, produces noise
+    random_weights: bool = False  # full-size random weights: for benchmarks without the checkpoint
+    device: str = "auto"
+    precision: str = "auto"
+    compile: str = "auto"
+    quantize: str = "none"
+    max_batch_size: int = 8
+    max_text_length: int = 2000  # characters per request; 0 = no limit
+    max_queue: int = 64
+    max_reference_seconds: float = 90.0
+    cache_dir: str | None = None  # None = the platformdirs user cache dir
+    voices_dir: str | None = None  # None = the platformdirs user data dir / voices
+    seed: int | None = None  # engine-wide default seed for requests that give none
+
+    def __post_init__(self):
+        _one_of("device", self.device.split(":")[0], DEVICES)
+        _one_of("precision", self.precision, PRECISIONS)
+        _one_of("compile", self.compile, COMPILE_MODES)
+        _one_of("quantize", self.quantize, QUANTIZE_MODES)
+        if self.demo and self.random_weights:
+            raise InputError("choose either demo (tiny model) or random_weights (full size), not both")
+        for name in ("max_batch_size", "max_queue"):
+            if getattr(self, name) < 1:
+                raise InputError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.max_text_length < 0:
+            raise InputError(f"max_text_length must be >= 0 (0 = no limit), got {self.max_text_length}")
+        if self.max_reference_seconds <= 0:
+            raise InputError("max_reference_seconds must be positive")
+
+    @classmethod
+    def from_env(cls, environ: dict | None = None, **overrides) -> "EngineConfig":
+        """Settings from `S1_MINI_<FIELD>` variables, then `overrides` (None values are ignored)."""
+        environ = os.environ if environ is None else environ
+        values = {}
+        for f in fields(cls):
+            raw = environ.get(f"S1_MINI_{f.name.upper()}")
+            if raw is not None:
+                values[f.name] = _parse(f.name, raw, f.type)
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**values)
+
+    def with_(self, **changes) -> "EngineConfig":
+        return replace(self, **changes)
+
+
+def _one_of(name: str, value: str, allowed: tuple[str, ...]):
+    if value not in allowed:
+        raise InputError(f"{name} must be one of {', '.join(allowed)}; got {value!r}")
+
+
+def _parse(name: str, raw: str, type_name: str):
+    text = raw.strip()
+    if "bool" in type_name:
+        if text.lower() in _TRUE:
+            return True
+        if text.lower() in _FALSE:
+            return False
+        raise InputError(f"S1_MINI_{name.upper()} must be true or false, got {raw!r}")
+    if "None" in type_name and text == "":
+        return None
+    try:
+        if type_name.startswith("int"):
+            return int(text)
+        if type_name.startswith("float"):
+            return float(text)
+    except ValueError:
+        raise InputError(f"S1_MINI_{name.upper()} must be a number, got {raw!r}") from None
+    return text
