@@ -1,0 +1,308 @@
+"""The S1-mini text-to-semantic model: a dual autoregressive transformer.
+
+The slow transformer reads one column of 11 ints per position (a vocabulary id and 10 codebook
+codes) and predicts the next frame's vocabulary id (codebook 0 as a semantic token). The fast
+transformer then runs over the 10 codebook positions of that frame, predicting codes 1..9.
+
+Pure math: batch and positions are explicit; KV storage is handed in by the caller (runtime), so
+the same modules serve the plain eager path, batched decode and CUDA graphs.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..errors import CheckpointError
+
+# Keys of the released config.json that change the architecture we build.
+_REQUIRED_KEYS = (
+    "dim", "n_layer", "n_head", "n_local_heads", "head_dim", "intermediate_size", "vocab_size",
+    "codebook_size", "num_codebooks", "max_seq_len", "rope_base", "norm_eps",
+    "n_fast_layer", "model_type",
+)
+
+
+@dataclass(frozen=True)
+class DualARConfig:
+    dim: int
+    n_layer: int
+    n_head: int
+    n_local_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    codebook_size: int
+    num_codebooks: int
+    max_seq_len: int
+    rope_base: float
+    norm_eps: float
+    n_fast_layer: int
+    fast_dim: int
+    fast_n_head: int
+    fast_n_local_heads: int
+    fast_head_dim: int
+    fast_intermediate_size: int
+    attention_qk_norm: bool = True
+    attention_qkv_bias: bool = False
+    attention_o_bias: bool = False
+    fast_attention_qk_norm: bool = False
+    fast_attention_qkv_bias: bool = False
+    fast_attention_o_bias: bool = False
+    scale_codebook_embeddings: bool = True
+    tie_word_embeddings: bool = False
+    initializer_range: float = 0.02
+
+    @classmethod
+    def from_dict(cls, raw: dict) -> "DualARConfig":
+        missing = [k for k in _REQUIRED_KEYS if k not in raw]
+        if missing:
+            raise CheckpointError(f"config.json lacks required keys {missing}; is this an S1-mini checkpoint?")
+        if raw["model_type"] != "dual_ar":
+            raise CheckpointError(
+                f"config.json has model_type {raw['model_type']!r}; only 'dual_ar' (OpenAudio S1 / S1-mini) is supported"
+            )
+        values = dict(raw)
+        if values.get("n_local_heads", -1) == -1:
+            values["n_local_heads"] = values["n_head"]
+        # A missing fast_* field falls back to its slow counterpart, as in the reference.
+        for name in ("dim", "n_head", "n_local_heads", "head_dim", "intermediate_size"):
+            values.setdefault(f"fast_{name}", values[name])
+        if values.get("fast_n_local_heads", -1) == -1:
+            values["fast_n_local_heads"] = values["fast_n_head"]
+        known = {f.name for f in fields(cls)}
+        config = cls(**{k: v for k, v in values.items() if k in known})
+        config.validate()
+        return config
+
+    @classmethod
+    def from_json(cls, path: str | Path) -> "DualARConfig":
+        try:
+            raw = json.loads(Path(path).read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise CheckpointError(f"{path} not found") from None
+        except json.JSONDecodeError as exc:
+            raise CheckpointError(f"{path} is not valid JSON ({exc}); re-download the checkpoint") from None
+        return cls.from_dict(raw)
+
+    def validate(self) -> None:
+        problems = []
+        if self.n_head % self.n_local_heads or self.fast_n_head % self.fast_n_local_heads:
+            problems.append("query heads must be a multiple of KV heads")
+        if self.head_dim % 2 or self.fast_head_dim % 2:
+            problems.append("head dims must be even (RoPE works on pairs)")
+        if self.tie_word_embeddings:
+            problems.append("tied word embeddings are not part of S1-mini")
+        if self.fast_dim != self.dim:
+            problems.append("fast_dim != dim needs a fast_project_in layer, which S1-mini does not have")
+        if problems:
+            raise CheckpointError("unsupported model config: " + "; ".join(problems))
+
+
+class RMSNorm(nn.Module):
+    """y = (x * rsqrt(mean(x^2) + eps)) computed in fp32, cast back, then scaled by the weight."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: Tensor) -> Tensor:
+        xf = x.float()
+        normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return normed.type_as(x) * self.weight
+
+
+def rope_table(max_positions: int, head_dim: int, base: float) -> Tensor:
+    """(positions, head_dim/2, 2) table of [cos, sin], built in fp32 and rounded to bf16 like the reference."""
+    freqs = 1.0 / (base ** (torch.arange(0, head_dim, 2)[: head_dim // 2].float() / head_dim))
+    angles = torch.outer(torch.arange(max_positions, dtype=torch.float32), freqs)
+    return torch.stack([angles.cos(), angles.sin()], dim=-1).to(torch.bfloat16)
+
+
+def apply_rope(x: Tensor, table: Tensor) -> Tensor:
+    """Rotate interleaved pairs (x[2i], x[2i+1]). x: (B, S, H, D); table: (B, S, D/2, 2)."""
+    pairs = x.float().reshape(*x.shape[:-1], -1, 2)
+    cos, sin = table.float().unsqueeze(2).unbind(-1)  # (B, S, 1, D/2)
+    x0, x1 = pairs.unbind(-1)
+    rotated = torch.stack([x0 * cos - x1 * sin, x1 * cos + x0 * sin], dim=-1)
+    return rotated.flatten(-2).type_as(x)
+
+
+@dataclass
+class KVView:
+    """Where one attention layer stores and reads keys/values for this call.
+
+    k, v: (rows_total, n_kv_heads, capacity, head_dim) storage; rows: (B,) storage row of each batch
+    entry; positions: (B, S) positions written by this call; kv_len: how many leading positions are
+    read (every live position of every row fits below it; positions beyond a row's own are masked).
+    """
+
+    k: Tensor
+    v: Tensor
+    rows: Tensor
+    positions: Tensor
+    kv_len: int
+
+
+class Attention(nn.Module):
+    def __init__(self, dim: int, n_head: int, n_kv_heads: int, head_dim: int, eps: float,
+                 qk_norm: bool, qkv_bias: bool, o_bias: bool):
+        super().__init__()
+        self.n_head, self.n_kv_heads, self.head_dim = n_head, n_kv_heads, head_dim
+        self.wqkv = nn.Linear(dim, (n_head + 2 * n_kv_heads) * head_dim, bias=qkv_bias)
+        self.wo = nn.Linear(n_head * head_dim, dim, bias=o_bias)
+        if qk_norm:
+            self.q_norm = RMSNorm(head_dim, eps)
+            self.k_norm = RMSNorm(head_dim, eps)
+        else:
+            self.q_norm = self.k_norm = None
+
+    def forward(self, x: Tensor, rope: Tensor, kv: KVView) -> Tensor:
+        bsz, seqlen, _ = x.shape
+        q_size, kv_size = self.n_head * self.head_dim, self.n_kv_heads * self.head_dim
+        q, k, v = self.wqkv(x).split([q_size, kv_size, kv_size], dim=-1)
+        q = q.view(bsz, seqlen, self.n_head, self.head_dim)
+        k = k.view(bsz, seqlen, self.n_kv_heads, self.head_dim)
+        v = v.view(bsz, seqlen, self.n_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = apply_rope(q, rope), apply_rope(k, rope)
+
+        # Advanced indices on dims 0 and 2 put (B, S) first: the value is (B, S, H_kv, D).
+        rows = kv.rows[:, None]
+        kv.k[rows, :, kv.positions] = k
+        kv.v[rows, :, kv.positions] = v
+        keys = kv.k[kv.rows, :, : kv.kv_len]
+        values = kv.v[kv.rows, :, : kv.kv_len]
+
+        # Causal over live positions only: key j is visible to a query at position p when j <= p.
+        visible = torch.arange(kv.kv_len, device=x.device) <= kv.positions[:, None, :, None]
+        out = F.scaled_dot_product_attention(
+            q.transpose(1, 2), keys, values, attn_mask=visible, enable_gqa=self.n_head != self.n_kv_heads
+        )
+        return self.wo(out.transpose(1, 2).reshape(bsz, seqlen, q_size))
+
+
+class FeedForward(nn.Module):
+    def __init__(self, dim: int, hidden: int):
+        super().__init__()
+        self.w1 = nn.Linear(dim, hidden, bias=False)
+        self.w3 = nn.Linear(dim, hidden, bias=False)
+        self.w2 = nn.Linear(hidden, dim, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class Block(nn.Module):
+    def __init__(self, dim, n_head, n_kv_heads, head_dim, hidden, eps, qk_norm, qkv_bias, o_bias):
+        super().__init__()
+        self.attention = Attention(dim, n_head, n_kv_heads, head_dim, eps, qk_norm, qkv_bias, o_bias)
+        self.feed_forward = FeedForward(dim, hidden)
+        # Registration order matches the released state dict.
+        self.ffn_norm = RMSNorm(dim, eps)
+        self.attention_norm = RMSNorm(dim, eps)
+
+    def forward(self, x: Tensor, rope: Tensor, kv: KVView) -> Tensor:
+        h = x + self.attention(self.attention_norm(x), rope, kv)
+        return h + self.feed_forward(self.ffn_norm(h))
+
+
+@dataclass(frozen=True)
+class TokenLayout:
+    """Where the semantic tokens sit in the vocabulary (from the tokenizer), and the code ranges."""
+
+    semantic_begin_id: int
+    semantic_end_id: int
+    im_end_id: int
+    residual_codebook_size: int = 1024  # codes 1..9 are sampled from this many fast logits
+
+
+class DualARTransformer(nn.Module):
+    """Slow (per frame) + fast (per codebook) transformers with the released state-dict layout."""
+
+    def __init__(self, config: DualARConfig, layout: TokenLayout):
+        super().__init__()
+        c = self.config = config
+        self.layout = layout
+        self.embeddings = nn.Embedding(c.vocab_size, c.dim)
+        self.codebook_embeddings = nn.Embedding(c.codebook_size * c.num_codebooks, c.dim)
+        self.layers = nn.ModuleList(
+            Block(c.dim, c.n_head, c.n_local_heads, c.head_dim, c.intermediate_size, c.norm_eps,
+                  c.attention_qk_norm, c.attention_qkv_bias, c.attention_o_bias)
+            for _ in range(c.n_layer)
+        )
+        self.norm = RMSNorm(c.dim, c.norm_eps)
+        self.output = nn.Linear(c.dim, c.vocab_size, bias=False)
+
+        self.fast_embeddings = nn.Embedding(c.codebook_size, c.fast_dim)
+        self.fast_layers = nn.ModuleList(
+            Block(c.fast_dim, c.fast_n_head, c.fast_n_local_heads, c.fast_head_dim, c.fast_intermediate_size,
+                  c.norm_eps, c.fast_attention_qk_norm, c.fast_attention_qkv_bias, c.fast_attention_o_bias)
+            for _ in range(c.n_fast_layer)
+        )
+        self.fast_norm = RMSNorm(c.fast_dim, c.norm_eps)
+        self.fast_output = nn.Linear(c.fast_dim, c.codebook_size, bias=False)
+
+        self.reset_buffers()
+
+    def reset_buffers(self, device: torch.device | str | None = None) -> None:
+        """Build the tensors that are not in model.pth (after a meta-device load, on the real device)."""
+        c = self.config
+        # bf16-rounded RoPE tables, exactly as the reference builds them, whatever the run dtype.
+        self.register_buffer("rope_slow", rope_table(c.max_seq_len, c.head_dim, c.rope_base).to(device), persistent=False)
+        self.register_buffer("rope_fast", rope_table(c.num_codebooks, c.fast_head_dim, c.rope_base).to(device), persistent=False)
+        offsets = torch.arange(c.num_codebooks, device=device) * c.codebook_size
+        self.register_buffer("codebook_offsets", offsets, persistent=False)
+
+    # ---- slow transformer -------------------------------------------------------------------
+
+    def embed(self, columns: Tensor) -> Tensor:
+        """columns: (B, 1 + num_codebooks, S) ints -> (B, S, dim) input embeddings (inference path)."""
+        tokens, codes = columns[:, 0], columns[:, 1:]
+        vq = self.codebook_embeddings(codes + self.codebook_offsets[None, :, None]).sum(dim=1)
+        is_semantic = (tokens >= self.layout.semantic_begin_id) & (tokens <= self.layout.semantic_end_id)
+        vq = vq * is_semantic.unsqueeze(-1).to(vq.dtype)
+        x = self.embeddings(tokens) + vq
+        if self.config.scale_codebook_embeddings:
+            x = torch.where(is_semantic.unsqueeze(-1), x / math.sqrt(self.config.num_codebooks + 1), x)
+        return x
+
+    def forward_slow(self, columns: Tensor, kv_views: list[KVView]) -> Tensor:
+        """Run the slow layers; returns the residual stream after the last layer (before `norm`)."""
+        x = self.embed(columns)
+        rope = self.rope_slow[kv_views[0].positions]
+        for layer, kv in zip(self.layers, kv_views):
+            x = layer(x, rope, kv)
+        return x
+
+    def slow_logits(self, hidden: Tensor) -> Tensor:
+        return self.output(self.norm(hidden))
+
+    # ---- fast transformer -------------------------------------------------------------------
+
+    def forward_fast(self, x: Tensor, kv_views: list[KVView]) -> Tensor:
+        """One fast position for every row. x: (B, 1, fast_dim) -> logits (B, 1, codebook_size)."""
+        rope = self.rope_fast[kv_views[0].positions]
+        for layer, kv in zip(self.fast_layers, kv_views):
+            x = layer(x, rope, kv)
+        return self.fast_output(self.fast_norm(x))
+
+
+def init_random_(model: DualARTransformer, std: float, seed: int) -> DualARTransformer:
+    """Random weights (normal for Linear/Embedding, ones for norms) for demo and benchmark runs."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("norm.weight"):
+                param.fill_(1.0)
+            else:
+                param.copy_(torch.randn(param.shape, generator=gen) * std)
+    return model

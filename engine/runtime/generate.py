@@ -1,0 +1,132 @@
+"""Frame generation: the plain, obviously correct eager path.
+
+`sample_frame` turns the slow transformer's last hidden state into one frame of 11 ints for every
+row of a batch (codebook 0 from the slow head, codebooks 1..9 from the fast transformer); it is the
+unit that faster runtimes batch and capture. `iter_frames` drives one sequence from its prompt to
+`<|im_end|>` or its frame budget.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterator
+
+import torch
+from torch import Tensor
+
+from ..model.dual_ar import DualARTransformer
+from .kv_cache import KVCache
+from .sampling import REPETITION_WINDOW, SamplingTensors, noise_counter, sample
+
+
+@dataclass
+class FrameHistory:
+    """The last REPETITION_WINDOW frames of each row: (B, num_codebooks, W) ids, and frames seen (B,).
+
+    Row 0 holds slow-head vocabulary ids (codebook 0 as tokens), rows 1.. hold codes 1..9.
+    """
+
+    ids: Tensor
+    generated: Tensor
+
+    @classmethod
+    def empty(cls, batch: int, num_codebooks: int, device) -> "FrameHistory":
+        return cls(torch.zeros(batch, num_codebooks, REPETITION_WINDOW, dtype=torch.int64, device=device),
+                   torch.zeros(batch, dtype=torch.int64, device=device))
+
+    def valid(self) -> Tensor:
+        return torch.arange(REPETITION_WINDOW, device=self.ids.device) < self.generated[:, None]
+
+    def push(self, frame: Tensor) -> None:
+        """Record frame (B, 1 + num_codebooks): its token and codes 1..9 (code 0 is the token)."""
+        slot = (self.generated % REPETITION_WINDOW)[:, None, None].expand(-1, self.ids.shape[1], 1)
+        entry = torch.cat([frame[:, :1], frame[:, 2:]], dim=1).unsqueeze(-1)
+        self.ids.scatter_(2, slot, entry)
+        self.generated += 1
+
+
+def new_fast_cache(model: DualARTransformer, batch: int) -> KVCache:
+    c = model.config
+    param = model.fast_output.weight
+    return KVCache(c.n_fast_layer, batch, c.fast_n_local_heads, c.num_codebooks, c.fast_head_dim,
+                   param.dtype, param.device)
+
+
+def sample_frame(model: DualARTransformer, hidden: Tensor, params: SamplingTensors, history: FrameHistory,
+                 fast_cache: KVCache) -> Tensor:
+    """hidden (B, 1, dim): slow residual stream at the last position -> frame (B, 1 + num_codebooks) int64."""
+    layout, n_codebooks = model.layout, model.config.num_codebooks
+    batch = hidden.shape[0]
+    valid = history.valid()
+
+    logits = model.slow_logits(hidden)[:, -1]
+    # Padding rows past the last semantic id are not tokens; never sample them.
+    logits[:, layout.semantic_end_id + 1:] = float("-inf")
+    token = sample(logits, params, history.ids[:, 0], valid, noise_counter(history.generated, 0))
+    is_semantic = (token >= layout.semantic_begin_id) & (token <= layout.semantic_end_id)
+    codes = [torch.where(is_semantic, token - layout.semantic_begin_id, torch.zeros_like(token))]
+
+    rows = torch.arange(batch, device=hidden.device)
+    x = hidden
+    for k in range(n_codebooks):
+        if k > 0:
+            x = model.fast_embeddings(codes[-1]).unsqueeze(1)
+        positions = torch.full((batch, 1), k, dtype=torch.int64, device=hidden.device)
+        fast_logits = model.forward_fast(x, fast_cache.views(rows, positions, k + 1))
+        if k > 0:  # position 0 only fills the fast cache; its logits are not used
+            restricted = fast_logits[:, 0, : layout.residual_codebook_size]
+            codes.append(sample(restricted, params, history.ids[:, k], valid, noise_counter(history.generated, k)))
+    frame = torch.stack([token] + codes, dim=1)
+    history.push(frame)
+    return frame
+
+
+def frame_budget(prompt_len: int, max_new_tokens: int, capacity: int) -> int:
+    """Frames to generate at most: max_new_tokens (0 = no limit), clamped to the free context."""
+    room = capacity - prompt_len
+    if room < 1:
+        raise ValueError(f"prompt of {prompt_len} positions leaves no room in a context of {capacity}")
+    return room if max_new_tokens <= 0 else min(max_new_tokens, room)
+
+
+def iter_frames(model: DualARTransformer, prompt: Tensor, params: SamplingTensors, *, max_new_tokens: int,
+                cache: KVCache, slot: int = 0) -> Iterator[Tensor]:
+    """Yield frames (1 + num_codebooks,) for one prompt (1 + num_codebooks, L), the last being
+    `<|im_end|>` if the model stopped within the budget."""
+    device = prompt.device
+    prompt_len = prompt.shape[1]
+    budget = frame_budget(prompt_len, max_new_tokens, cache.capacity)
+    rows = torch.tensor([slot], device=device)
+    history = FrameHistory.empty(1, model.config.num_codebooks, device)
+    fast_cache = new_fast_cache(model, 1)
+
+    positions = torch.arange(prompt_len, device=device)[None]
+    hidden = model.forward_slow(prompt[None].long(), cache.views(rows, positions, prompt_len))[:, -1:]
+    for i in range(budget):
+        frame = sample_frame(model, hidden, params, history, fast_cache)
+        yield frame[0]
+        if int(frame[0, 0]) == model.layout.im_end_id or i == budget - 1:
+            return
+        position = prompt_len + i
+        positions = torch.tensor([[position]], device=device)
+        hidden = model.forward_slow(frame[:, :, None], cache.views(rows, positions, position + 1))
+
+
+@dataclass
+class Generation:
+    tokens: Tensor  # (1 + num_codebooks, N) every generated column
+    stopped_on_im_end: bool
+
+    @property
+    def codes(self) -> Tensor:
+        """(num_codebooks, N - 1) int32: every column but the last, as the reference returns them
+        (the last is `<|im_end|>` when the model stopped, and is dropped either way)."""
+        return self.tokens[1:, :-1].to(torch.int32)
+
+
+@torch.inference_mode()
+def generate(model: DualARTransformer, prompt: Tensor, params: SamplingTensors, *, max_new_tokens: int,
+             cache: KVCache, slot: int = 0) -> Generation:
+    frames = list(iter_frames(model, prompt, params, max_new_tokens=max_new_tokens, cache=cache, slot=slot))
+    tokens = torch.stack(frames, dim=1)
+    return Generation(tokens.to(torch.int32), bool(tokens[0, -1] == model.layout.im_end_id))
