@@ -1,0 +1,24 @@
+"""AppSettings: what the web layer needs beyond the engine's own EngineConfig."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from engine.audio import ffmpeg_available
+
+
+@dataclass(frozen=True)
+class AppSettings:
+    api_key: str | None = None  # None = open; otherwise Bearer key for the API, password for the UI
+    root_path: str = ""  # public URL or sub-path the app is served under (proxies, RunPod)
+    max_batch_items: int = 100  # texts per /v1/tts/batch request or UI batch run
+    ui_concurrency: int = 8  # UI generations in flight at once; the engine batches them
+    # Gradio's streaming audio output runs ffmpeg per stream; without it the UI plays whole clips.
+    stream_ui_audio: bool = field(default_factory=ffmpeg_available)
+    title: str = "S1-mini Studio"
+
+    def __post_init__(self):
+        if self.api_key is not None and not self.api_key.strip():
+            raise ValueError("api_key must not be blank; leave it unset to disable auth")
+        if self.max_batch_items < 1 or self.ui_concurrency < 1:
+            raise ValueError("max_batch_items and ui_concurrency must be at least 1")
