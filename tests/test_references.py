@@ -1,0 +1,369 @@
+"""engine.references: content hashes, the reference-code cache, saved voices and default dirs."""
+
+import hashlib
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+import soundfile as sf
+import torch
+
+from engine.audio import SAMPLE_RATE, load_audio
+from engine.errors import InputError, VoiceExistsError, VoiceNotFoundError
+from engine.references import (
+    APP_NAME,
+    ReferenceCodeCache,
+    VoiceStore,
+    content_hash,
+    default_cache_dir,
+    default_voices_dir,
+)
+from tests.audio_samples import SpeechClips
+
+
+def clip(seed: int, seconds: float = 1.0) -> np.ndarray:
+    return np.random.default_rng(seed).uniform(-0.5, 0.5, int(seconds * SAMPLE_RATE)).astype(np.float32)
+
+
+class CountingEncoder:
+    """Stand-in codec: deterministic codes from the samples, counting its calls."""
+
+    def __init__(self, delay: float = 0.0):
+        self.calls = 0
+        self.delay = delay
+        self._lock = threading.Lock()
+
+    def __call__(self, samples: np.ndarray) -> torch.Tensor:
+        with self._lock:
+            self.calls += 1
+        time.sleep(self.delay)
+        frames = max(1, len(samples) // 2048)
+        return (torch.arange(10 * frames).reshape(10, frames) + int(abs(samples[0]) * 1000)) % 1024
+
+
+# ---- content hash ------------------------------------------------------------------------------
+
+
+def test_content_hash_of_bytes_is_sha256():
+    assert content_hash(b"abc") == hashlib.sha256(b"abc").hexdigest()
+    assert content_hash(bytearray(b"abc")) == content_hash(memoryview(b"abc"))
+
+
+def test_content_hash_of_arrays():
+    samples = clip(0)
+    assert content_hash(samples) == content_hash(samples.copy())
+    assert content_hash(samples) != content_hash(clip(1))
+    assert content_hash(samples) != content_hash(samples.astype(np.float64))  # dtype counts
+    assert content_hash(samples[::2]) == content_hash(np.ascontiguousarray(samples[::2]))
+    with pytest.raises(TypeError):
+        content_hash("text")
+
+
+# ---- reference-code cache ----------------------------------------------------------------------
+
+
+def test_memory_hit_encodes_once():
+    encoder = CountingEncoder()
+    cache = ReferenceCodeCache(encoder, cache_dir=None)
+    first = cache.get_codes(clip(0))
+    second = cache.get_codes(clip(0))
+    assert torch.equal(first, second) and first.shape == (10, SAMPLE_RATE // 2048)
+    assert encoder.calls == 1
+    assert cache.stats() == {"memory_hits": 1, "disk_hits": 0, "misses": 1, "items": 1}
+    assert cache.hits == 1 and cache.misses == 1
+
+
+def test_returned_codes_are_a_copy():
+    cache = ReferenceCodeCache(CountingEncoder(), cache_dir=None)
+    codes = cache.get_codes(clip(0))
+    expected = codes.clone()
+    codes.fill_(7)
+    assert torch.equal(cache.get_codes(clip(0)), expected)
+
+
+def test_lru_evicts_the_oldest():
+    encoder = CountingEncoder()
+    cache = ReferenceCodeCache(encoder, cache_dir=None, max_items=2)
+    for seed in (0, 1, 0, 2):  # 0 is used again, so 1 is the oldest when 2 arrives
+        cache.get_codes(clip(seed))
+    assert encoder.calls == 3 and len(cache) == 2
+    cache.get_codes(clip(0))
+    assert encoder.calls == 3
+    cache.get_codes(clip(1))
+    assert encoder.calls == 4
+
+
+def test_disk_cache_survives_a_restart(tmp_path):
+    first = ReferenceCodeCache(CountingEncoder(), tmp_path, fingerprint="codec-a")
+    codes = first.get_codes(clip(0))
+    files = list(tmp_path.glob("*.pt"))
+    assert len(files) == 1 and not list(tmp_path.glob("*.tmp"))
+    encoder = CountingEncoder()
+    second = ReferenceCodeCache(encoder, tmp_path, fingerprint="codec-a")
+    assert torch.equal(second.get_codes(clip(0)), codes)
+    assert encoder.calls == 0 and second.disk_hits == 1
+
+
+def test_fingerprints_never_share_entries(tmp_path):
+    ReferenceCodeCache(CountingEncoder(), tmp_path, fingerprint="codec-a").get_codes(clip(0))
+    encoder = CountingEncoder()
+    ReferenceCodeCache(encoder, tmp_path, fingerprint="codec-b").get_codes(clip(0))
+    assert encoder.calls == 1
+    assert len(list(tmp_path.glob("*.pt"))) == 2
+
+
+@pytest.mark.parametrize("damage", [b"", b"not a torch file", b"PK\x03\x04broken zip"])
+def test_corrupt_cache_file_is_rewritten(tmp_path, damage):
+    codes = ReferenceCodeCache(CountingEncoder(), tmp_path).get_codes(clip(0))
+    (path,) = tmp_path.glob("*.pt")
+    path.write_bytes(damage)
+    encoder = CountingEncoder()
+    cache = ReferenceCodeCache(encoder, tmp_path)
+    assert torch.equal(cache.get_codes(clip(0)), codes)
+    assert encoder.calls == 1
+    assert torch.equal(torch.load(path, weights_only=True), codes)
+
+
+def test_cache_file_with_wrong_content_is_rewritten(tmp_path):
+    cache = ReferenceCodeCache(CountingEncoder(), tmp_path)
+    codes = cache.get_codes(clip(0))
+    (path,) = tmp_path.glob("*.pt")
+    torch.save(torch.zeros(3), path)  # a readable tensor, but not codes
+    encoder = CountingEncoder()
+    assert torch.equal(ReferenceCodeCache(encoder, tmp_path).get_codes(clip(0)), codes)
+    assert encoder.calls == 1
+
+
+def test_unwritable_cache_dir_still_serves(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    encoder = CountingEncoder()
+    cache = ReferenceCodeCache(encoder, blocker / "cache")
+    cache.get_codes(clip(0))
+    cache.get_codes(clip(0))
+    assert encoder.calls == 1
+
+
+def test_concurrent_requests_for_one_clip_encode_once(tmp_path):
+    encoder = CountingEncoder(delay=0.05)
+    cache = ReferenceCodeCache(encoder, tmp_path)
+    results = []
+
+    def worker():
+        results.append(cache.get_codes(clip(0)))
+
+    threads = [threading.Thread(target=worker) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert encoder.calls == 1 and len(results) == 8
+    assert all(torch.equal(result, results[0]) for result in results)
+    assert cache.hits == 7 and cache.misses == 1
+
+
+def test_bad_encoder_output_is_an_error():
+    cache = ReferenceCodeCache(lambda samples: torch.zeros(10, 3), cache_dir=None)
+    with pytest.raises(ValueError, match="2-D integer tensor"):
+        cache.get_codes(clip(0))
+
+
+# ---- voice store -------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def clips(tmp_path_factory):
+    return SpeechClips(tmp_path_factory.mktemp("speech"))
+
+
+@pytest.fixture
+def store(tmp_path):
+    return VoiceStore(tmp_path / "voices")
+
+
+def test_add_from_path_keeps_the_file(store, clips):
+    folder = store.add("Alice", clips.wav(), "  The quick brown fox.  ")
+    audio_path, transcript = store.get("Alice")
+    assert audio_path == folder / "sample.wav"
+    assert audio_path.read_bytes() == clips.wav().read_bytes()
+    assert transcript == "The quick brown fox."
+    assert (folder / "transcript.txt").is_file()
+
+
+def test_add_from_bytes_sniffs_the_format(store, clips):
+    store.add("browser take", clips.variant("webm").read_bytes(), "hello")
+    audio_path, _ = store.get("browser take")
+    assert audio_path.name == "sample.webm"
+    assert len(load_audio(audio_path)) > SAMPLE_RATE
+
+
+def test_add_from_array_stores_wav(store, clips):
+    data, rate = sf.read(clips.wav(), dtype="int16")
+    store.add("from-gradio", (rate, data), "hello")
+    audio_path, _ = store.get("from-gradio")
+    assert audio_path.suffix == ".wav"
+    assert np.allclose(load_audio(audio_path), load_audio((rate, data)), atol=1e-4)
+
+
+def test_list_is_sorted_and_exists(store, clips):
+    for voice_id in ("bob", "Alice", "carol_2"):
+        store.add(voice_id, clips.wav(), "text")
+    assert store.list() == ["Alice", "bob", "carol_2"]
+    assert store.exists("bob") and not store.exists("dave") and not store.exists("../bob")
+
+
+def test_duplicate_id(store, clips):
+    store.add("Alice", clips.wav(), "text")
+    with pytest.raises(VoiceExistsError, match="'Alice' already exists"):
+        store.add("Alice", clips.wav(), "other text")
+
+
+@pytest.mark.parametrize(
+    "voice_id, message",
+    [
+        ("", "non-empty"),
+        ("a/b", "only letters"),
+        ("../escape", "only letters"),
+        (".hidden", "only letters"),
+        ("tab\there", "only letters"),
+        ("émile", "only letters"),
+        (" padded", "start or end with a space"),
+        ("x" * 256, "limit is 255"),
+        (None, "non-empty string"),
+    ],
+)
+def test_bad_voice_ids(store, clips, voice_id, message):
+    with pytest.raises(InputError, match=message):
+        store.add(voice_id, clips.wav(), "text")
+    assert store.list() == []
+
+
+def test_longest_valid_id(store, clips):
+    store.add("x" * 255, clips.wav(), "text")
+    assert store.list() == ["x" * 255]
+
+
+def test_empty_transcript(store, clips):
+    with pytest.raises(InputError, match="transcript is empty"):
+        store.add("Alice", clips.wav(), "  \n ")
+
+
+def test_bad_audio_saves_nothing(store):
+    with pytest.raises(InputError, match="is silent"):
+        store.add("quiet", (SAMPLE_RATE, np.zeros(SAMPLE_RATE, dtype=np.int16)), "text")
+    with pytest.raises(InputError, match="corrupt"):
+        store.add("broken", b"definitely not audio" * 100, "text")
+    assert store.list() == [] and list(store.root.iterdir()) == []
+
+
+def test_max_seconds_applies_to_added_voices(tmp_path, clips):
+    store = VoiceStore(tmp_path, max_seconds=1.0)
+    with pytest.raises(InputError, match="the limit is 1 s"):
+        store.add("long", clips.wav(), "text")
+
+
+def test_unknown_voice(store, clips):
+    store.add("Alice", clips.wav(), "text")
+    with pytest.raises(VoiceNotFoundError) as caught:
+        store.get("Bob")
+    message = str(caught.value)
+    assert "no saved voice named 'Bob'" in message and "Saved voices: Alice" in message
+    assert ".lab" in message and str(store.root) in message
+    assert isinstance(caught.value, KeyError) and isinstance(caught.value, InputError)
+
+
+def test_unknown_voice_with_no_voices_saved(store):
+    with pytest.raises(VoiceNotFoundError, match="none yet"):
+        store.get("Bob")
+
+
+def test_delete(store, clips):
+    store.add("Alice", clips.wav(), "text")
+    store.delete("Alice")
+    assert store.list() == [] and not store.exists("Alice")
+    assert list(store.root.iterdir()) == []
+    with pytest.raises(VoiceNotFoundError):
+        store.delete("Alice")
+
+
+def test_rename(store, clips):
+    store.add("Alice", clips.wav(), "text")
+    store.add("Bob", clips.wav(), "text")
+    with pytest.raises(VoiceExistsError, match="'Bob' already exists"):
+        store.rename("Alice", "Bob")
+    with pytest.raises(VoiceNotFoundError):
+        store.rename("Carol", "Dave")
+    with pytest.raises(InputError, match="only letters"):
+        store.rename("Alice", "a/b")
+    store.rename("Alice", "Alice 2")
+    assert store.list() == ["Alice 2", "Bob"]
+    assert store.get("Alice 2")[1] == "text"
+    store.rename("Bob", "bob")  # case-only rename
+    assert store.list() == ["Alice 2", "bob"]
+
+
+def test_reads_reference_server_folders(store, clips):
+    folder = store.root / "fish voice"
+    folder.mkdir()
+    (folder / "ref.flac").write_bytes(clips.variant("flac").read_bytes())
+    (folder / "ref.lab").write_text("Spoken words.\n", encoding="utf-8")
+    assert store.list() == ["fish voice"]
+    audio_path, transcript = store.get("fish voice")
+    assert audio_path == folder / "ref.flac" and transcript == "Spoken words."
+
+
+def test_incomplete_folders_are_not_listed(store, clips):
+    (store.root / "no transcript").mkdir()
+    (store.root / "no transcript" / "a.wav").write_bytes(clips.wav().read_bytes())
+    (store.root / "no audio").mkdir()
+    (store.root / "no audio" / "transcript.txt").write_text("words")
+    (store.root / "stray file.txt").write_text("not a folder")
+    assert store.list() == []
+    with pytest.raises(VoiceNotFoundError, match="incomplete"):
+        store.get("no transcript")
+    with pytest.raises(VoiceExistsError):
+        store.add("no audio", clips.wav(), "text")
+
+
+def test_concurrent_adds_of_one_id(store, clips):
+    data = clips.wav().read_bytes()
+    outcomes = []
+
+    def worker(index):
+        try:
+            store.add("race", data, f"take {index}")
+            outcomes.append("added")
+        except VoiceExistsError:
+            outcomes.append("exists")
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(outcomes) == ["added"] + ["exists"] * 5
+    assert store.list() == ["race"]
+    assert [p.name for p in store.root.iterdir()] == ["race"]  # no staging folders left
+
+
+# ---- default dirs ------------------------------------------------------------------------------
+
+
+def test_default_dirs_use_platformdirs():
+    assert default_cache_dir().name == APP_NAME
+    assert default_voices_dir().name == "voices" and default_voices_dir().parent.name == APP_NAME
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="XDG variables apply on Linux only")
+def test_default_dirs_follow_xdg_variables(monkeypatch, tmp_path):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
+    assert default_cache_dir() == tmp_path / "cache" / APP_NAME
+    assert default_voices_dir() == tmp_path / "data" / APP_NAME / "voices"
+
+
+def test_default_dirs_can_be_overridden(tmp_path):
+    assert default_cache_dir(tmp_path / "c") == tmp_path / "c"
+    assert default_voices_dir(str(tmp_path / "v")) == tmp_path / "v"
