@@ -11,7 +11,7 @@ import base64
 import binascii
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, Field
 
 from engine import params as P
 from engine.params import SamplingParams
@@ -91,10 +91,9 @@ class BatchTTSRequest(SamplingFields, VoiceFields):
     texts: list[str] = Field(min_length=1, description="Texts to speak, one audio file each, same voice.")
 
 
-class SpeechRequest(BaseModel):
-    """OpenAI's POST /v1/audio/speech."""
-
-    model_config = ConfigDict(extra="ignore")
+class SpeechRequest(SamplingFields):
+    """OpenAI's POST /v1/audio/speech. The sampling fields of /v1/tts are accepted too
+    (OpenAI SDKs send them through `extra_body`)."""
 
     model: str = Field(default="s1-mini", description="Accepted for compatibility; one model is served.")
     input: str = Field(description="Text to speak.")

@@ -17,7 +17,7 @@ from prometheus_client import (
 )
 
 PREFIX = "s1mini"
-_GIB = 1024**3
+_BYTES_PER_GB = 1e9  # engine.stats() reports decimal GB
 # TTFA from a few ms (H100) to tens of seconds (CPU, long queue).
 _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.08, 0.1, 0.2, 0.5, 1, 2, 5, 10, 30, 60)
 _RTF_BUCKETS = (0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1, 1.5, 2, 5, 10)
@@ -65,8 +65,8 @@ class Metrics:
         self.queue_depth.set(stats.get("queue_depth") or 0)
         self.running.set(stats.get("running") or 0)
         self.frames_per_s.set(stats.get("frames_per_s") or 0)
-        self.memory.set((stats.get("memory_gb") or 0) * _GIB)
-        self.peak_memory.set((stats.get("peak_memory_gb") or 0) * _GIB)
+        self.memory.set((stats.get("memory_gb") or 0) * _BYTES_PER_GB)
+        self.peak_memory.set((stats.get("peak_memory_gb") or 0) * _BYTES_PER_GB)
         self.ready.set(1 if engine.is_ready else 0)
         self.build.info({k: str(stats.get(k, "")) for k in ("model", "device", "precision", "compile", "demo")})
         return generate_latest(self.registry), CONTENT_TYPE_LATEST

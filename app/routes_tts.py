@@ -95,7 +95,7 @@ def build_router(synth: Synthesizer, settings: AppSettings) -> APIRouter:
         if body.speed != 1.0:
             raise HTTPProblem(400, "speed other than 1.0 is not supported by this model")
         voice = await run_in_threadpool(_openai_voice, synth.engine.voices, body.voice)
-        return await speak(body.input, voice, SamplingParams(), body.response_format, body.stream)
+        return await speak(body.input, voice, body.sampling_params(), body.response_format, body.stream)
 
     @router.post(
         "/tts/batch",
