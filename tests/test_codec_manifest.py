@@ -21,7 +21,8 @@ def full_size():
 
 
 def test_state_dict_matches_manifest(full_size, manifest):
-    ours = [(k, list(v.shape), str(v.dtype).removeprefix("torch.")) for k, v in full_size.state_dict().items()]
+    state = full_size.state_dict()
+    ours = [(k, list(v.shape), str(v.dtype).removeprefix("torch.")) for k, v in state.items()]
     theirs = [(t["key"], t["shape"], t["dtype"]) for t in manifest["tensors"]]
     assert sorted(ours) == sorted(theirs), "keys, shapes or dtypes differ"
     assert ours == theirs, "same tensors, different order"

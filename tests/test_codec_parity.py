@@ -40,7 +40,7 @@ def encode_groups(expected) -> list[int]:
 def assert_close_rel(actual, expected, what):
     assert actual.shape == expected.shape, f"{what}: shape {tuple(actual.shape)} != {tuple(expected.shape)}"
     err, scale = (actual - expected).abs().max().item(), expected.abs().max().item()
-    assert err <= REL_TOL * scale, f"{what}: max abs error {err:.3g} > {REL_TOL} x max|x| = {REL_TOL * scale:.3g}"
+    assert err <= REL_TOL * scale, f"{what}: max abs error {err:.3g} > {REL_TOL} x max|x| ({scale:.3g})"
 
 
 def assert_audio_close(actual, expected, what, atol=AUDIO_ATOL):
@@ -76,7 +76,8 @@ def test_state_dict_layout_parity(config, checkpoint):
 
 def test_decode_parity(codec, codec_expected):
     codes = codec_expected["decode_codes"]
-    with capture(codec, post="quantizer.post_module", up="quantizer.upsample") as seen, torch.inference_mode():
+    hooks = capture(codec, post="quantizer.post_module", up="quantizer.upsample")
+    with hooks as seen, torch.inference_mode():
         audio = codec.decode(codes)
     assert audio.shape == (codes.shape[0], 1, codes.shape[-1] * codec.config.frame_length)
     assert_audio_close(audio, codec_expected["decode_audio"], "decode_audio")
@@ -86,7 +87,9 @@ def test_decode_parity(codec, codec_expected):
 
 
 def test_encode_parity(codec, codec_expected):
-    paths = dict(encoder_out="encoder", downsample_out="quantizer.downsample", pre_module_out="quantizer.pre_module")
+    paths = dict(
+        encoder_out="encoder", downsample_out="quantizer.downsample", pre_module_out="quantizer.pre_module"
+    )
     for i in encode_groups(codec_expected):
         audio = pcm_input(codec_expected, i)
         with capture(codec, **paths) as seen, torch.inference_mode():
@@ -95,9 +98,11 @@ def test_encode_parity(codec, codec_expected):
             assert_close_rel(seen[name][1], codec_expected[f"encode{i}_{name}"], f"encode{i}_{name}")
         want, robust = codec_expected[f"encode{i}_codes"], codec_expected[f"encode{i}_codes_robust"]
         n_frames = -(-audio.shape[-1] // codec.config.frame_length)
-        assert codes.dtype == torch.int64 and codes.shape == want.shape == (1, codec.config.num_codebooks, n_frames)
+        assert codes.dtype == torch.int64
+        assert codes.shape == want.shape == (audio.shape[0], codec.config.num_codebooks, n_frames)
         differ = (codes != want) & robust
-        assert not differ.any(), f"encode{i}: {int(differ.sum())} robust codes differ, first at {differ.nonzero()[0].tolist()}"
+        where = differ.nonzero()[:1].tolist()
+        assert not differ.any(), f"encode{i}: {int(differ.sum())} robust codes differ, first at {where}"
 
 
 def test_roundtrip_parity(codec, codec_expected):
@@ -110,7 +115,7 @@ def test_fused_weight_norm_parity(codec_dir, config, codec, codec_expected):
     unfused = load_codec(codec_dir / "codec.pth", config, for_inference=False)
     assert any(".parametrizations.weight.original0" in k for k in unfused.state_dict())
     assert not any("parametrizations" in k or "weight_g" in k for k in codec.state_dict())
-    audio_in = pcm_input(codec_expected, encode_groups(codec_expected)[0])
+    audio_in = pcm_input(codec_expected, encode_groups(codec_expected)[0])[..., : 4 * config.frame_length]
     with torch.inference_mode():
         a, b = unfused.decode(codec_expected["decode_codes"]), codec.decode(codec_expected["decode_codes"])
         assert torch.equal(unfused.encode(audio_in), codec.encode(audio_in))
@@ -185,12 +190,12 @@ def test_load_missing_file(tmp_path, config):
         load_codec(tmp_path / "codec.pth", config)
 
 
-def test_load_unwraps_training_checkpoint_parity(tmp_path, config, checkpoint, codec, codec_expected):
+def test_load_unwraps_training_checkpoint(tmp_path, config, checkpoint, codec):
     state = {f"generator.{k}": v for k, v in checkpoint.items()}
     state["discriminator.conv.weight"] = torch.zeros(2)
     model = load_codec(save(tmp_path, {"state_dict": state}), config)
-    with torch.inference_mode():
-        assert torch.equal(model.decode(codec_expected["decode_codes"]), codec.decode(codec_expected["decode_codes"]))
+    ours, ref = model.state_dict(), codec.state_dict()
+    assert ours.keys() == ref.keys() and all(torch.equal(ours[k], ref[k]) for k in ref)
 
 
 def test_load_finds_codec_config_json_beside_checkpoint(tmp_path, codec_dir, config):
@@ -218,7 +223,7 @@ def test_config_json_roundtrip(codec_dir, config):
         (lambda d: d.update(decoder_rates=[8, 8, 4]), "decoder_block_dims"),
         (lambda d: d.update(codebook_dim="8"), "codebook_dim = '8' is not of type int"),
         (lambda d: d["quantizer_transformer"].update(n_head=3), "n_head x head_dim"),
-        (lambda d: d["encoder_transformer"].pop("window_size"), r"encoder_transformer: missing keys \['window_size'\]"),
+        (lambda d: d["encoder_transformer"].pop("block_size"), r"transformer: missing keys \['block_size'\]"),
         (lambda d: d.update(num_codebooks_total=9), "num_codebooks_total"),
     ],
 )
@@ -238,14 +243,14 @@ def test_random_codec_is_audible_and_deterministic():
     config = CodecConfig.tiny()
     sizes = [config.semantic_codebook_size] + [config.residual_codebook_size] * config.n_residual_codebooks
     gen = torch.Generator().manual_seed(1)
-    codes = torch.stack([torch.randint(0, n, (2, 65), generator=gen) for n in sizes], dim=1)
+    codes = torch.stack([torch.randint(0, n, (1, 24), generator=gen) for n in sizes], dim=1)
     model = random_codec(config, seed=0)
     with torch.inference_mode():
         audio = model.decode(codes)
         again = random_codec(config, seed=0).decode(codes)
         other = random_codec(config, seed=1).decode(codes)
         encoded = model.encode(audio[:, :, :-100])
-    assert audio.shape == (2, 1, 65 * config.frame_length)
+    assert audio.shape == (1, 1, codes.shape[-1] * config.frame_length)
     assert 0.05 < audio.std() < 0.6, "silent or saturated"
     assert (audio.abs() > 0.99).float().mean() < 1e-3, "saturated"
     assert torch.equal(audio, again) and not torch.equal(audio, other)

@@ -14,7 +14,6 @@ Every conv is causal (left padding only), so the codec is ready for chunked stre
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import torch
@@ -22,7 +21,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..errors import CheckpointError
-from .codec_config import CodecConfig, TransformerConfig
+from .codec_config import CodecConfig, ConvNeXtConfig, TransformerConfig
 
 __all__ = ["CodecConfig", "ModdedDAC", "load_codec", "random_codec"]
 
@@ -42,7 +41,7 @@ class _GV(nn.Module):
 
     def __init__(self, shape: tuple[int, ...]):
         super().__init__()
-        self.original0 = nn.Parameter(torch.empty(shape[0], *[1] * (len(shape) - 1)))  # g
+        self.original0 = nn.Parameter(torch.empty(shape[0], 1, 1))  # g
         self.original1 = nn.Parameter(torch.empty(shape))  # v
 
 
@@ -146,13 +145,14 @@ class ResidualUnit(nn.Module):
 class ConvNeXtBlock(nn.Module):
     """Causal depthwise conv, LayerNorm, pointwise MLP (GELU), layer scale, residual."""
 
-    def __init__(self, dim: int, kernel_size: int, mlp_ratio: int, eps: float):
+    def __init__(self, cfg: ConvNeXtConfig):
         super().__init__()
+        dim = cfg.dim
         self.gamma = nn.Parameter(torch.empty(dim))
-        self.dwconv = CausalConv1d(dim, dim, kernel_size, groups=dim, wn=False)
-        self.norm = nn.LayerNorm(dim, eps=eps)
-        self.pwconv1 = nn.Linear(dim, mlp_ratio * dim)
-        self.pwconv2 = nn.Linear(mlp_ratio * dim, dim)
+        self.dwconv = CausalConv1d(dim, dim, cfg.kernel_size, groups=dim, wn=False)
+        self.norm = nn.LayerNorm(dim, eps=cfg.layernorm_eps)
+        self.pwconv1 = nn.Linear(dim, cfg.mlp_ratio * dim)
+        self.pwconv2 = nn.Linear(cfg.mlp_ratio * dim, dim)
 
     def forward(self, x: Tensor) -> Tensor:
         y = self.norm(self.dwconv(x).transpose(1, 2))
@@ -223,7 +223,8 @@ class Attention(nn.Module):
         k = apply_rope(k.view(B, T, self.n_local_heads, self.head_dim), rope)
         v = v.view(B, T, self.n_local_heads, self.head_dim)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=self.n_head != self.n_local_heads)
+        gqa = self.n_head != self.n_local_heads
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
         return self.wo(y.transpose(1, 2).reshape(B, T, -1))
 
 
@@ -266,7 +267,8 @@ class WindowLimitedTransformer(nn.Module):
         super().__init__()
         self.window_size, self.block_size = cfg.window_size, cfg.block_size
         self.register_buffer("freqs_cis", rope_table(cfg.block_size, cfg.head_dim, cfg.rope_base))
-        self.register_buffer("causal_mask", torch.ones(cfg.block_size, cfg.block_size, dtype=torch.bool).tril())
+        mask = torch.ones(cfg.block_size, cfg.block_size, dtype=torch.bool).tril()
+        self.register_buffer("causal_mask", mask)
         self.layers = nn.ModuleList(TransformerLayer(cfg) for _ in range(n_layer))
         self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
 
@@ -373,16 +375,17 @@ class Quantizer(nn.Module):
 
     def __init__(self, cfg: CodecConfig):
         super().__init__()
-        d, cn, qt = cfg.latent_dim, cfg.convnext, cfg.quantizer_transformer
-        self.semantic_codebook_size, self.residual_codebook_size = cfg.semantic_codebook_size, cfg.residual_codebook_size
+        d, qt = cfg.latent_dim, cfg.quantizer_transformer
+        self.semantic_codebook_size = cfg.semantic_codebook_size
+        self.residual_codebook_size = cfg.residual_codebook_size
         self.semantic_quantizer = ResidualVQ(1, d, cfg.semantic_codebook_size, cfg.codebook_dim)
         self.quantizer = ResidualVQ(cfg.n_residual_codebooks, d, cfg.residual_codebook_size, cfg.codebook_dim)
-        convnext = lambda: ConvNeXtBlock(d, cn.kernel_size, cn.mlp_ratio, cn.layernorm_eps)  # noqa: E731
         self.downsample = nn.Sequential(
-            *(nn.Sequential(CausalConv1d(d, d, f, f, wn=False), convnext()) for f in cfg.downsample_factor)
+            *(nn.Sequential(CausalConv1d(d, d, f, f, wn=False), ConvNeXtBlock(cfg.convnext))
+              for f in cfg.downsample_factor)
         )
         self.upsample = nn.Sequential(
-            *(nn.Sequential(CausalConvTranspose1d(d, d, f, f, wn=False), convnext())
+            *(nn.Sequential(CausalConvTranspose1d(d, d, f, f, wn=False), ConvNeXtBlock(cfg.convnext))
               for f in reversed(cfg.downsample_factor))
         )
         self.pre_module = WindowLimitedTransformer(qt, qt.n_layer)
@@ -575,13 +578,19 @@ def _check_state_dict(state: dict, expected: dict[str, Tensor], where: str) -> N
 
 
 @torch.no_grad()
-def random_codec(config: CodecConfig, seed: int = 0) -> ModdedDAC:
-    """A codec with random weights whose decoded audio is neither silent nor saturated (demo mode)."""
+def random_codec(
+    config: CodecConfig, seed: int = 0, device: str | torch.device = "cpu", *, for_inference: bool = True
+) -> ModdedDAC:
+    """A codec with random weights whose decoded audio is neither silent nor saturated (demo mode,
+    benchmarks without the checkpoint). The same seed gives the same weights on every device;
+    for_inference as in load_codec.
+    """
     gen = torch.Generator().manual_seed(seed)
-    model = ModdedDAC(config)
+    with torch.device(device):
+        model = ModdedDAC(config)
 
-    def normal(p: Tensor, std: float = 1.0, mean: float = 0.0):
-        p.copy_(torch.randn(p.shape, generator=gen) * std + mean)
+    def normal(p: Tensor, std: float = 1.0):
+        p.copy_(torch.randn(p.shape, generator=gen) * std)
 
     for name, p in model.named_parameters():
         leaf = name.rsplit(".", 1)[-1]
@@ -610,10 +619,12 @@ def random_codec(config: CodecConfig, seed: int = 0) -> ModdedDAC:
     # Scale the last conv so that a random code sequence decodes to ~0.25 rms before the tanh.
     model.eval()
     sizes = [config.semantic_codebook_size] + [config.residual_codebook_size] * config.n_residual_codebooks
-    codes = torch.stack([torch.randint(0, n, (1, 64), generator=gen) for n in sizes], dim=1)
-    pre_tanh = model.decoder.model[:-1](model.quantizer.decode(codes))
+    codes = torch.stack([torch.randint(0, n, (1, 16), generator=gen) for n in sizes], dim=1)
+    pre_tanh = model.decoder.model[:-1](model.quantizer.decode(codes.to(device)))
     last = model.decoder.model[-2].conv
     scale = 0.25 / pre_tanh.std().item()
     last.g_v[0].mul_(scale)
     last.bias.mul_(scale)
-    return model
+    if for_inference:
+        model.fuse_weight_norm().drop_causal_masks()
+    return model.requires_grad_(False)
