@@ -43,8 +43,9 @@ def create_app(engine, settings: AppSettings | None = None) -> FastAPI:
     app = FastAPI(
         title=settings.title,
         summary="OpenAudio S1-mini text to speech: fish-speech and OpenAI compatible REST API.",
-        docs_url=None,  # served below, behind the API key
+        docs_url=None,  # these three are served below, behind the API key
         redoc_url=None,
+        openapi_url=None,
         root_path=api_root,
     )
     app.state.engine = engine

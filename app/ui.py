@@ -62,8 +62,12 @@ def build_ui(synth: Synthesizer, settings: AppSettings, metrics: Metrics) -> gr.
     def event(fn, name):
         return guarded(fn, name, metrics)
 
+    # Voices come and go while the page is open, so a value outside the initial choices must be
+    # accepted (API callers name voices saved later); the engine rejects unknown ones clearly.
     def voice_dropdown(label, elem_id):
-        return gr.Dropdown(h.voice_choices(uploaded=False), value=NO_VOICE, label=label, elem_id=elem_id)
+        return gr.Dropdown(
+            h.voice_choices(uploaded=False), value=NO_VOICE, label=label, elem_id=elem_id, allow_custom_value=True
+        )
 
     with gr.Blocks(title=settings.title, delete_cache=(3600, 3600)) as demo:
         gr.Markdown(f"# {settings.title}\nText to speech with OpenAudio S1-mini.", elem_id="title")
@@ -87,7 +91,7 @@ def build_ui(synth: Synthesizer, settings: AppSettings, metrics: Metrics) -> gr.
                     gr.Markdown("ffmpeg was not found, so audio plays when it is complete instead of streaming.")
                 with gr.Row():
                     download = gr.File(label="Download", interactive=False, elem_id="speak-download")
-                    stats = gr.Markdown(elem_id="speak-stats")
+                    stats = gr.Markdown(label="Stats", elem_id="speak-stats")
                 examples = _examples()
                 if examples:
                     gr.Examples(examples, inputs=[text], label="Examples")
@@ -113,13 +117,15 @@ def build_ui(synth: Synthesizer, settings: AppSettings, metrics: Metrics) -> gr.
                             h.saved_voices_table(), headers=["voice", "transcript"], label="Saved voices",
                             interactive=False, elem_id="saved-voices",
                         )
-                        picked = gr.Dropdown(sorted(synth.engine.voices.list()), value=None, label="Saved voice")
+                        picked = gr.Dropdown(
+                            sorted(synth.engine.voices.list()), value=None, label="Saved voice", allow_custom_value=True
+                        )
                         picked_audio = gr.Audio(label="Its reference clip", interactive=False)
                         with gr.Row():
                             rename_to = gr.Textbox(label="Rename to")
                             rename_btn = gr.Button("Rename", scale=0)
                             delete_btn = gr.Button("Delete", variant="stop", scale=0)
-                        voice_status = gr.Markdown()
+                        voice_status = gr.Markdown(label="Status")
 
             with gr.Tab("Batch", id="batch"):
                 with gr.Row():
@@ -138,7 +144,7 @@ def build_ui(synth: Synthesizer, settings: AppSettings, metrics: Metrics) -> gr.
                 sampling = _sampling_controls()
 
             with gr.Tab("System", id="system"):
-                system = gr.Markdown(h.system_markdown(), elem_id="system-stats")
+                system = gr.Markdown(h.system_markdown(), label="System", elem_id="system-stats")
                 refresh = gr.Button("Refresh")
                 gr.Timer(5).tick(h.system_markdown, outputs=system, queue=False, show_progress="hidden", api_visibility="private")
 

@@ -117,12 +117,12 @@ class Handlers:
             choices.append(("Uploaded reference (not saved)", UPLOADED))
         return choices + [(v, v) for v in sorted(self.voices.list())]
 
-    def resolve_voice(self, choice: str | None, ref_audio: str | None, ref_text: str | None) -> Voice:
-        if not choice or choice == NO_VOICE:
+    def resolve_voice(self, voice: str | None, reference_audio: str | None, reference_text: str | None) -> Voice:
+        if not voice or voice == NO_VOICE:
             return Voice()
-        if choice == UPLOADED:
-            return Voice(references=(self._reference(ref_audio, ref_text),))
-        return Voice(voice_id=choice)
+        if voice == UPLOADED:
+            return Voice(references=(self._reference(reference_audio, reference_text),))
+        return Voice(voice_id=voice)
 
     @staticmethod
     def _reference(ref_audio: str | None, ref_text: str | None) -> ReferenceInput:
@@ -139,11 +139,11 @@ class Handlers:
             rows.append([voice_id, transcript])
         return rows
 
-    def save_voice(self, name: str, ref_audio: str | None, ref_text: str | None) -> str:
+    def save_voice(self, name: str, reference_audio: str | None, reference_text: str | None) -> str:
         name = (name or "").strip()
         if not name:
             raise InputError("give the voice a name")
-        reference = self._reference(ref_audio, ref_text)
+        reference = self._reference(reference_audio, reference_text)
         self.voices.add(name, reference.audio, reference.text)
         return f"Saved voice **{name}**."
 
@@ -170,18 +170,22 @@ class Handlers:
 
     # ----- speech -----
 
-    def speak(self, text, choice, ref_audio, ref_text, *sampling):
+    # The parameter names are the API's argument names (gradio_client, /gradio_api/call).
+    def speak(
+        self, text, voice, reference_audio, reference_text,
+        temperature, top_p, repetition_penalty, max_new_tokens, chunk_length, seed,
+    ):
         """Yields (audio, download, stats). Audio streams as it is made when ffmpeg is there.
 
         Chunks go out as int16: Gradio peak-normalizes each float chunk on its own.
         """
-        voice = self.resolve_voice(choice, ref_audio, ref_text)
-        params = sampling_params(*sampling)
+        speaker = self.resolve_voice(voice, reference_audio, reference_text)
+        params = sampling_params(temperature, top_p, repetition_penalty, max_new_tokens, chunk_length, seed)
         stats = StreamStats(self.synth.sample_rate)
         sr = self.synth.sample_rate
         made: list[np.ndarray] = []
         pending: list[np.ndarray] = []
-        for chunk in self.synth.stream(text, voice, params, stats):
+        for chunk in self.synth.stream(text, speaker, params, stats):
             made.append(chunk)
             pending.append(chunk)
             first = len(made) == 1
@@ -198,19 +202,27 @@ class Handlers:
         download = write_file(self.outputs.new_run(), f"{_safe_name(text)}.wav", encode_audio(audio, sr, "wav"))
         yield final, str(download), stats_markdown(stats.audio_s, stats.rtf, stats.ttfa_s)
 
-    def preview(self, ref_audio, ref_text, preview_text, *sampling):
-        voice = Voice(references=(self._reference(ref_audio, ref_text),))
-        result = self.synth.synthesize(preview_text, voice, sampling_params(*sampling))
+    def preview(
+        self, reference_audio, reference_text, preview_text,
+        temperature, top_p, repetition_penalty, max_new_tokens, chunk_length, seed,
+    ):
+        voice = Voice(references=(self._reference(reference_audio, reference_text),))
+        params = sampling_params(temperature, top_p, repetition_penalty, max_new_tokens, chunk_length, seed)
+        result = self.synth.synthesize(preview_text, voice, params)
         return result.sample_rate, to_int16(result.audio)
 
-    def batch(self, lines, upload, choice, ref_audio, ref_text, *sampling, progress=gr.Progress()):
+    def batch(
+        self, lines, upload, voice, reference_audio, reference_text,
+        temperature, top_p, repetition_penalty, max_new_tokens, chunk_length, seed,
+        progress=gr.Progress(),
+    ):
         """Returns (results table, zip path, item paths for playback)."""
         texts = batch_texts(lines, upload, self.settings.max_batch_items)
-        voice = self.resolve_voice(choice, ref_audio, ref_text)
-        params = sampling_params(*sampling)
+        speaker = self.resolve_voice(voice, reference_audio, reference_text)
+        params = sampling_params(temperature, top_p, repetition_penalty, max_new_tokens, chunk_length, seed)
         progress((0, len(texts)), desc="Generating", unit="texts")
         results = self.synth.batch(
-            texts, voice, params, progress=lambda done, total: progress((done, total), desc="Generating", unit="texts")
+            texts, speaker, params, progress=lambda done, total: progress((done, total), desc="Generating", unit="texts")
         )
         run = self.outputs.new_run()
         rows, paths = [], []
@@ -243,7 +255,7 @@ class Handlers:
             return "n/a" if v is None else f"{v:.2f} GB"
 
         rows = [
-            ("Model", s.get("model", "?") + (" (demo weights: random, output is noise)" if s.get("demo") else "")),
+            ("Model", s.get("model")),
             ("Device", s.get("device")),
             ("Precision", s.get("precision")),
             ("Compile", s.get("compile")),

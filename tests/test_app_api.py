@@ -23,6 +23,7 @@ from tests.test_app_support import (
     assert_audio,
     decode,
     decode_pcm16,
+    error_message,
     reference_clip_wav,
 )
 
@@ -198,7 +199,8 @@ def test_openai_speech_streams_wav(http):
 def test_openai_errors_use_openai_shape(http):
     r = http.post("/v1/audio/speech", json={"input": "hi", "voice": "nobody-saved-this"})
     assert r.status_code == 404
-    assert "nobody-saved-this" in r.json()["error"]["message"]
+    assert r.json()["error"]["type"] == "invalid_request_error"
+    assert "nobody-saved-this" in error_message(r)
 
 
 # ---- batch --------------------------------------------------------------------------------------
@@ -315,8 +317,7 @@ BAD_REQUESTS = [
 def test_bad_input_gets_a_4xx_with_a_clear_message(http, what, method, path, kwargs, status, words):
     r = http.request(method, path, **kwargs)
     assert r.status_code == status, r.text
-    body = r.json()
-    message = body["error"]["message"] if path.startswith("/v1/audio/") else body["message"]
+    message = error_message(r)
     assert words.lower() in message.lower(), message
     assert "Traceback" not in r.text
 

@@ -79,6 +79,12 @@ class DemoServer:
         return self.log_path.read_text(errors="replace")[-chars:] if self.log_path.exists() else ""
 
 
+def error_message(response: httpx.Response) -> str:
+    """The message of a JSON error: `message`, or `error.message` on the OpenAI route."""
+    body = response.json()
+    return body["error"]["message"] if isinstance(body.get("error"), dict) else body["message"]
+
+
 # ---- audio --------------------------------------------------------------------------------------
 
 
