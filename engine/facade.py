@@ -1,0 +1,182 @@
+"""TTSEngine: the engine's public face. Load once, then synthesize from any thread.
+
+Validation happens here, in the caller's thread, so bad input never reaches the GPU worker.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Iterator, Sequence
+
+import numpy as np
+from loguru import logger
+
+from .audio import load_audio
+from .config import EngineConfig
+from .device import memory_gb
+from .errors import InputError
+from .loader import LoadedModels, load_models
+from .params import SamplingParams
+from .references import ReferenceCodeCache, VoiceStore, default_cache_dir, default_voices_dir
+from .runtime.worker import GPUWorker
+from .synthesis import AudioChunk, PreparedRequest, Synthesizer
+from .text.splitter import split_text
+
+WARMUP_TEXT = "Hello world."
+
+
+@dataclass(frozen=True)
+class ReferenceInput:
+    """A reference voice clip and its transcript. audio: file bytes, a path, or (sample_rate, samples)."""
+
+    audio: bytes | str | os.PathLike | tuple
+    text: str
+
+
+@dataclass
+class SynthesisResult:
+    sample_rate: int
+    audio: np.ndarray  # float32 mono
+    stats: dict = field(default_factory=dict)  # audio_s, total_s, ttfa_s, rtf, frames
+
+
+class TTSEngine:
+    def __init__(self, config: EngineConfig, models: LoadedModels):
+        self.config = config
+        self.models = models
+        cache_dir = default_cache_dir(config.cache_dir)
+        self.reference_cache = ReferenceCodeCache(
+            lambda samples: self._synthesizer.encode_reference(samples),
+            cache_dir / "reference-codes", fingerprint=models.fingerprint,
+        )
+        self._synthesizer = Synthesizer(models, self.reference_cache)
+        self.voices = VoiceStore(default_voices_dir(config.voices_dir), max_seconds=config.max_reference_seconds)
+        self._worker = GPUWorker(config.max_queue)
+        self._stats_lock = threading.Lock()
+        self._counters = {"requests_total": 0, "errors_total": 0, "frames_total": 0, "audio_seconds_total": 0.0}
+        self._last_frames_per_s: float | None = None
+        self.is_ready = False
+        logger.info("engine ready to warm up: {} on {} ({}); reference cache {}; voices {}",
+                    models.description, models.placement.device, models.placement.reason, cache_dir,
+                    self.voices.root)
+
+    @classmethod
+    def from_config(cls, config: EngineConfig) -> "TTSEngine":
+        return cls(config, load_models(config))
+
+    @property
+    def sample_rate(self) -> int:
+        return self._synthesizer.sample_rate
+
+    # ---- synthesis ----------------------------------------------------------------------------
+
+    def synthesize_stream(self, text: str, *, references: Sequence[ReferenceInput] = (), voice: str | None = None,
+                          params: SamplingParams | None = None) -> Iterator[np.ndarray]:
+        """Yield float32 audio chunks as they are produced (one per text chunk)."""
+        for chunk in self._stream_chunks(text, references, voice, params, stats={}):
+            yield chunk.samples
+
+    def synthesize(self, text: str, *, references: Sequence[ReferenceInput] = (), voice: str | None = None,
+                   params: SamplingParams | None = None) -> SynthesisResult:
+        stats: dict = {}
+        pieces = [c.samples for c in self._stream_chunks(text, references, voice, params, stats)]
+        audio = np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.float32)
+        return SynthesisResult(self.sample_rate, audio, stats)
+
+    def synthesize_batch(self, texts: Sequence[str], *, references: Sequence[ReferenceInput] = (),
+                         voice: str | None = None, params: SamplingParams | None = None,
+                         progress: Callable[[int, int], None] | None = None) -> list[SynthesisResult | Exception]:
+        """Every item gets a result or its own error; one bad item never fails the others."""
+        results: list[SynthesisResult | Exception] = []
+        for done, text in enumerate(texts, start=1):
+            try:
+                results.append(self.synthesize(text, references=references, voice=voice, params=params))
+            except InputError as exc:
+                results.append(exc)
+            if progress is not None:
+                progress(done, len(texts))
+        return results
+
+    def warmup(self) -> None:
+        started = time.perf_counter()
+        self.synthesize(WARMUP_TEXT, params=SamplingParams(max_new_tokens=32, seed=0))
+        self.is_ready = True
+        logger.info("warm-up done in {:.1f} s", time.perf_counter() - started)
+
+    def _stream_chunks(self, text, references, voice, params, stats: dict) -> Iterator[AudioChunk]:
+        request = self._prepare(text, references, voice, params)
+        started = time.perf_counter()
+        job = self._worker.submit(lambda j: self._synthesizer.run(request, j))
+        frames, samples = 0, 0
+        try:
+            for chunk in job.results():
+                if frames == 0:
+                    stats["ttfa_s"] = time.perf_counter() - started
+                frames += chunk.frames
+                samples += chunk.samples.shape[0]
+                yield chunk
+        except Exception:
+            self._count(errors_total=1)
+            raise
+        total = time.perf_counter() - started
+        audio_s = samples / self.sample_rate
+        stats.update(frames=frames, audio_s=audio_s, total_s=total, rtf=total / audio_s if audio_s else None,
+                     frames_per_s=frames / total if total else None, seed=request.seed)
+        self._last_frames_per_s = stats["frames_per_s"]
+        self._count(requests_total=1, frames_total=frames, audio_seconds_total=audio_s)
+
+    def _prepare(self, text, references, voice, params) -> PreparedRequest:
+        params = params or SamplingParams()
+        if not isinstance(text, str) or not text.strip():
+            raise InputError("text is empty: give the words to speak")
+        limit = self.config.max_text_length
+        if limit and len(text) > limit:
+            raise InputError(f"text is {len(text)} characters, over this server's limit of {limit}; "
+                             "split it into several requests")
+        refs = [self._load_reference(r.audio, r.text, f"reference {i + 1}") for i, r in enumerate(references)]
+        if voice:
+            audio_path, transcript = self.voices.get(voice)
+            refs.append(self._load_reference(audio_path, transcript, f"voice {voice!r}"))
+        seed = params.seed if params.seed is not None else (
+            self.config.seed if self.config.seed is not None else secrets.randbits(31))
+        return PreparedRequest(split_text(text, params.chunk_length), refs, params, seed)
+
+    def _load_reference(self, audio, transcript: str, label: str) -> tuple[np.ndarray, str]:
+        if not isinstance(transcript, str) or not transcript.strip():
+            raise InputError(f"{label} has no transcript: give the exact words spoken in the reference audio")
+        return load_audio(audio, max_seconds=self.config.max_reference_seconds), transcript.strip()
+
+    # ---- status -------------------------------------------------------------------------------
+
+    def _count(self, **increments) -> None:
+        with self._stats_lock:
+            for key, value in increments.items():
+                self._counters[key] += value
+
+    def stats(self) -> dict:
+        placement = self.models.placement
+        allocated, peak = memory_gb(placement.device)
+        with self._stats_lock:
+            counters = dict(self._counters)
+        return {
+            "model": self.models.description,
+            "demo": self.models.random_weights,
+            "device": str(placement.device),
+            "precision": placement.precision,
+            "compile": "off (eager)",
+            "memory_gb": allocated,
+            "peak_memory_gb": peak,
+            "queue_depth": self._worker.queue_depth,
+            "running": self._worker.running,
+            "frames_per_s": self._last_frames_per_s,
+            "ready": self.is_ready,
+            "reference_cache": self.reference_cache.stats(),
+            **counters,
+        }
+
+    def close(self) -> None:
+        self._worker.close()

@@ -1,0 +1,77 @@
+"""Assemble tokenizer, transformer and codec for an EngineConfig: real, demo or full-size random."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from loguru import logger
+
+from .checkpoints import DEMO_DIR, resolve_checkpoint
+from .config import EngineConfig
+from .device import Placement, choose_placement
+from .model.codec import ModdedDAC, load_codec, random_codec
+from .model.codec_config import CodecConfig
+from .model.dual_ar import DualARConfig, DualARTransformer, TokenLayout
+from .model.loading import load_dual_ar, random_dual_ar
+from .text.tokenizer import S1Tokenizer
+
+FULL_SIZE_CONFIG = Path(__file__).resolve().parent.parent / "assets" / "s1-mini-config.json"
+DEMO_WEIGHT_STD = 0.2  # wide enough that the tiny random model's choices are peaked, not uniform
+DEMO_END_BOOST = 5.0  # scales the <|im_end|> output row so that the demo model stops on its own, mostly early
+
+
+@dataclass
+class LoadedModels:
+    tokenizer: S1Tokenizer
+    model: DualARTransformer
+    codec: ModdedDAC
+    placement: Placement
+    description: str
+    fingerprint: str  # names the codec weights, so cached reference codes never cross models
+    random_weights: bool  # output is noise (demo or full-size random)
+
+
+def token_layout(tokenizer: S1Tokenizer, codec_config: CodecConfig) -> TokenLayout:
+    return TokenLayout(tokenizer.semantic_begin_id, tokenizer.semantic_end_id, tokenizer.im_end_id,
+                       codec_config.residual_codebook_size)
+
+
+def load_models(config: EngineConfig) -> LoadedModels:
+    placement = choose_placement(config.device, config.precision)
+    if config.demo:
+        return _random_models(placement, DEMO_DIR / "config.json", CodecConfig.from_json(DEMO_DIR / "codec_config.json"),
+                              DEMO_WEIGHT_STD, DEMO_END_BOOST, "DEMO: tiny random-weight model (produces noise, not speech)")
+    if config.random_weights:
+        return _random_models(placement, FULL_SIZE_CONFIG, CodecConfig.s1_mini(), None, 1.0,
+                              "full-size S1-mini architecture with RANDOM weights (for benchmarks; produces noise)")
+
+    directory = resolve_checkpoint(config.checkpoint)
+    tokenizer = S1Tokenizer.from_dir(directory)
+    codec = load_codec(directory / "codec.pth", device=placement.device)
+    model = load_dual_ar(directory, token_layout(tokenizer, codec.config), placement.device, placement.dtype)
+    logger.info("loaded checkpoint from {}", directory)
+    return LoadedModels(tokenizer, model, codec, placement, f"OpenAudio S1-mini from {directory}",
+                        _file_fingerprint(directory / "codec.pth"), random_weights=False)
+
+
+def _random_models(placement: Placement, llm_config_path: Path, codec_config: CodecConfig, std: float | None,
+                   end_boost: float, description: str) -> LoadedModels:
+    tokenizer = S1Tokenizer.from_dir(DEMO_DIR)
+    llm_config = DualARConfig.from_json(llm_config_path)
+    if std is not None:
+        llm_config = DualARConfig(**{**llm_config.__dict__, "initializer_range": std})
+    codec = random_codec(codec_config, seed=0, device=placement.device)
+    model = random_dual_ar(llm_config, token_layout(tokenizer, codec_config), placement.device, placement.dtype)
+    if end_boost != 1.0:
+        model.output.weight[tokenizer.im_end_id] *= end_boost
+    logger.warning("{}", description)
+    fingerprint = "random:" + hashlib.sha256(repr((llm_config, codec_config)).encode()).hexdigest()[:16]
+    return LoadedModels(tokenizer, model, codec, placement, description, fingerprint, random_weights=True)
+
+
+def _file_fingerprint(path: Path) -> str:
+    stat = path.stat()
+    return f"{path.resolve()}:{stat.st_size}:{int(stat.st_mtime)}"

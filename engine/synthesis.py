@@ -1,0 +1,121 @@
+"""One request on the GPU worker: reference codes, prompts per text chunk, frames, audio.
+
+Long text is split into chunks at sentence boundaries and generated in order. Every chunk is
+prompted with the same voice: the given references, or, without any, the first chunk's own
+output as the reference for the rest (so an unprompted voice stays the same across chunks).
+Chunks are joined with short fades so that no click appears at a seam.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from .errors import InputError
+from .loader import LoadedModels
+from .params import SamplingParams
+from .references import ReferenceCodeCache
+from .runtime.generate import iter_frames
+from .runtime.kv_cache import KVCache
+from .runtime.sampling import SamplingTensors
+from .runtime.worker import Job
+from .text.prompt import build_prompt
+
+# The reference refuses prompts that leave less than this much context for generation.
+MIN_GENERATION_ROOM = 2048
+SEAM_FADE_SECONDS = 0.01
+
+
+@dataclass
+class PreparedRequest:
+    chunks: list[str]
+    references: list[tuple[np.ndarray, str]]  # (44.1 kHz mono samples, transcript)
+    params: SamplingParams
+    seed: int
+
+
+@dataclass
+class AudioChunk:
+    samples: np.ndarray  # float32 mono
+    frames: int
+    text_chunk: int
+
+
+class Synthesizer:
+    def __init__(self, models: LoadedModels, reference_cache: ReferenceCodeCache):
+        self.models = models
+        self.reference_cache = reference_cache
+        c = models.model.config
+        self.capacity = c.max_seq_len
+        self.cache = KVCache(c.n_layer, 1, c.n_local_heads, c.max_seq_len, c.head_dim,
+                             models.placement.dtype, models.placement.device)
+
+    @property
+    def sample_rate(self) -> int:
+        return self.models.codec.config.sample_rate
+
+    def encode_reference(self, samples: np.ndarray) -> torch.Tensor:
+        """Runs on the worker thread (via the cache): 44.1 kHz samples -> (num_codebooks, T) codes."""
+        audio = torch.from_numpy(samples).to(self.models.placement.device).view(1, 1, -1)
+        with torch.inference_mode():
+            return self.models.codec.encode(audio)[0].cpu()
+
+    def run(self, request: PreparedRequest, job: Job) -> None:
+        voice = [(text, self.reference_cache.get_codes(samples)) for samples, text in request.references]
+        last = len(request.chunks) - 1
+        for index, text in enumerate(request.chunks):
+            codes = self._generate_chunk(text, voice, request, index, job)
+            audio = self._decode(codes)
+            _fade_seams(audio, self.sample_rate, fade_in=index > 0, fade_out=index < last)
+            job.emit(AudioChunk(audio, codes.shape[1], index))
+            if not request.references and index == 0 and codes.shape[1] > 0:
+                voice = [(text, codes.cpu())]
+
+    def _generate_chunk(self, text: str, voice, request: PreparedRequest, index: int, job: Job) -> torch.Tensor:
+        m = self.models
+        prompt = build_prompt(m.tokenizer, text, voice, num_codebooks=m.model.config.num_codebooks)
+        limit = self.capacity - MIN_GENERATION_ROOM
+        if prompt.shape[1] > limit:
+            raise InputError(
+                f"the prompt (reference audio and transcript plus text) is {prompt.shape[1]} positions long, "
+                f"over this model's limit of {limit}; use a shorter reference clip or a smaller chunk_length"
+            )
+        p = request.params
+        sampling = SamplingTensors.build([p.temperature], [p.top_p], [p.repetition_penalty],
+                                         [_chunk_noise_key(request.seed, index)], m.placement.device)
+        frames = []
+        with torch.inference_mode():
+            for frame in iter_frames(m.model, prompt.to(m.placement.device), sampling,
+                                     max_new_tokens=p.max_new_tokens, cache=self.cache):
+                job.check_cancelled()
+                frames.append(frame)
+        tokens = torch.stack(frames, dim=1)
+        if int(tokens[0, -1]) == m.tokenizer.im_end_id:
+            tokens = tokens[:, :-1]
+        return tokens[1:]
+
+    def _decode(self, codes: torch.Tensor) -> np.ndarray:
+        if codes.shape[1] == 0:
+            return np.zeros(0, dtype=np.float32)
+        codec = self.models.codec
+        device = self.models.placement.device
+        with torch.inference_mode(), torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
+            audio = codec.decode(codes[None].to(device))
+        return audio[0, 0].float().cpu().numpy()
+
+
+def _chunk_noise_key(seed: int, index: int) -> int:
+    return (seed ^ (index * 0x9E3779B9)) & 0xFFFFFFFF
+
+
+def _fade_seams(audio: np.ndarray, sample_rate: int, *, fade_in: bool, fade_out: bool) -> None:
+    n = min(int(SEAM_FADE_SECONDS * sample_rate), audio.shape[0] // 2)
+    if n == 0:
+        return
+    ramp = np.linspace(0.0, 1.0, n, dtype=np.float32)
+    if fade_in:
+        audio[:n] *= ramp
+    if fade_out:
+        audio[-n:] *= ramp[::-1]
