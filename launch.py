@@ -267,7 +267,8 @@ def serve(config, plan: ServerPlan) -> int:
             logger.warning("--share without --api-key: anyone with the link can use this server")
         start_share_link(shown_host, plan.port)
     try:
-        uvicorn.run(app, host=plan.host, port=plan.port, log_config=None)
+        # No access log: the UI polls the queue several times a second; /metrics counts API requests.
+        uvicorn.run(app, host=plan.host, port=plan.port, log_config=None, access_log=False)
     finally:
         engine.close()
     return 0

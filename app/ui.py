@@ -23,6 +23,8 @@ CSS_PATH = ASSETS / "style.css"
 EXAMPLES_PATH = ASSETS / "examples.txt"
 
 _DEFAULTS = SamplingParams()
+# The random demo model never ends a sentence, so "no limit" would run to the end of its context.
+DEMO_MAX_NEW_TOKENS = 128
 
 
 def _within(engine_range, ui_range):
@@ -31,8 +33,8 @@ def _within(engine_range, ui_range):
 
 
 # Slider ranges of the reference web UI (fish-speech tools/webui); defaults are the engine's
-# except where the reference UI differs (no token limit, prompt length 300).
-def _sampling_controls() -> list[gr.components.Component]:
+# except where the reference UI differs (no token limit, chunk length 300).
+def _sampling_controls(max_new_tokens: int) -> list[gr.components.Component]:
     def slider(label, engine_range, ui_range, step, value, info):
         low, high = _within(engine_range, ui_range)
         return gr.Slider(low, high, value=value, step=step, label=label, info=info)
@@ -44,7 +46,10 @@ def _sampling_controls() -> list[gr.components.Component]:
             "Repetition penalty", P.REPETITION_PENALTY_RANGE, (1.0, 1.2), 0.01, _DEFAULTS.repetition_penalty,
             "Discourages loops",
         ),
-        slider("Maximum new tokens", P.MAX_NEW_TOKENS_RANGE, (0, 2048), 8, 0, "Frames per request; 0 = no limit"),
+        slider(
+            "Maximum new tokens", P.MAX_NEW_TOKENS_RANGE, (0, 2048), 8, max_new_tokens,
+            "Frames per text chunk (21.5 per second of audio); 0 = no limit",
+        ),
         slider("Chunk length", P.CHUNK_LENGTH_RANGE, (100, 400), 8, 300, "Characters of text per chunk"),
         gr.Number(label="Seed", value=0, precision=0, minimum=P.SEED_RANGE[0], maximum=P.SEED_RANGE[1], info="0 = random"),
     ]
@@ -71,9 +76,11 @@ def build_ui(synth: Synthesizer, settings: AppSettings, metrics: Metrics) -> gr.
 
     with gr.Blocks(title=settings.title, delete_cache=(3600, 3600)) as demo:
         gr.Markdown(f"# {settings.title}\nText to speech with OpenAudio S1-mini.", elem_id="title")
-        if synth.engine.stats().get("demo"):
+        demo_mode = bool(synth.engine.stats().get("demo"))
+        if demo_mode:
             gr.Markdown(
-                "**Demo mode:** a tiny model with random weights is loaded, so the audio is noise. "
+                "**Demo mode:** a tiny model with random weights is loaded, so the audio is noise, "
+                f"{DEMO_MAX_NEW_TOKENS} frames at most by default. "
                 "Start without `--demo` to load the real checkpoint.",
                 elem_id="demo-notice",
             )
@@ -141,7 +148,7 @@ def build_ui(synth: Synthesizer, settings: AppSettings, metrics: Metrics) -> gr.
 
             with gr.Tab("Advanced settings", id="settings"):
                 gr.Markdown("Used by Speak, Preview and Batch.")
-                sampling = _sampling_controls()
+                sampling = _sampling_controls(DEMO_MAX_NEW_TOKENS if demo_mode else 0)
 
             with gr.Tab("System", id="system"):
                 system = gr.Markdown(h.system_markdown(), label="System", elem_id="system-stats")

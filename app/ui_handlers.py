@@ -44,7 +44,7 @@ def guarded(fn, route: str, metrics: Metrics):
     def fail(e: Exception):
         problem = problem_for(e)
         metrics.observe_request(route, problem.status, problem.kind)
-        return gr.Error(problem.message, title="Could not do that" if problem.status < 500 else "Server error")
+        return gr.Error(problem.message)
 
     if inspect.isgeneratorfunction(fn):
 
