@@ -1,0 +1,260 @@
+"""TTSEngine end to end on CPU: demo weights and a checkpoint assembled from the tiny fixtures."""
+
+import math
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile as sf
+import torch
+
+from audio_samples import SpeechClips
+from engine.config import EngineConfig
+from engine.errors import CheckpointError, InputError, VoiceNotFoundError
+from engine.facade import ReferenceInput, TTSEngine
+from engine.params import SamplingParams
+
+ROOT = Path(__file__).resolve().parent.parent
+FAST = SamplingParams(max_new_tokens=12, seed=7)
+
+
+def assemble_checkpoint(s1_dir: Path, codec_dir: Path, target: Path) -> Path:
+    """A checkpoint directory in the released layout, with the tiny codec's config beside codec.pth."""
+    target.mkdir(parents=True, exist_ok=True)
+    for name in ("config.json", "model.pth", "tokenizer.tiktoken", "special_tokens.json"):
+        shutil.copy(s1_dir / name, target / name)
+    shutil.copy(codec_dir / "codec.pth", target / "codec.pth")
+    shutil.copy(codec_dir / "config.json", target / "codec_config.json")
+    return target
+
+
+@pytest.fixture(scope="module")
+def tiny_checkpoint(s1_dir, codec_dir, tmp_path_factory):
+    return assemble_checkpoint(s1_dir, codec_dir, tmp_path_factory.mktemp("ckpt") / "s1-tiny")
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory):
+    root = tmp_path_factory.mktemp("engine")
+    eng = TTSEngine.from_config(EngineConfig(demo=True, cache_dir=str(root / "cache"),
+                                             voices_dir=str(root / "voices"), max_text_length=500))
+    yield eng
+    eng.close()
+
+
+@pytest.fixture(scope="module")
+def speech(tmp_path_factory):
+    return SpeechClips(tmp_path_factory.mktemp("speech"))
+
+
+def run_cli(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "engine", *args], cwd=cwd, capture_output=True, text=True, timeout=300)
+
+
+def frames_reported(stdout: str) -> int:
+    return int(stdout.split(" frames in ")[0].rsplit(" ", 1)[-1])
+
+
+@pytest.mark.parametrize("source", ["demo", "checkpoint"])
+def test_cli_synth_writes_44k_wav_of_expected_length(source, tiny_checkpoint, tmp_path):
+    out = tmp_path / "out.wav"
+    where = ["--demo"] if source == "demo" else ["--checkpoint", str(tiny_checkpoint)]
+    result = run_cli("synth", *where, "--text", "Hello world. This is a test.", "--out", str(out),
+                     "--seed", "1", "--max-new-tokens", "20")
+    assert result.returncode == 0, result.stderr
+    audio, rate = sf.read(out)
+    assert rate == 44100
+    frames = frames_reported(result.stdout)
+    assert 0 < frames <= 20
+    assert len(audio) == frames * 2048
+    assert np.abs(audio).max() > 0.01
+
+
+def test_cli_voice_clone_with_reference_file(tiny_checkpoint, speech, tmp_path):
+    out = tmp_path / "clone.wav"
+    result = run_cli("synth", "--checkpoint", str(tiny_checkpoint), "--text", "Now in the cloned voice.",
+                     "--reference", str(speech.wav()), "--reference-text", "The quick brown fox jumps over the lazy dog.",
+                     "--out", str(out), "--seed", "2", "--max-new-tokens", "16")
+    assert result.returncode == 0, result.stderr
+    audio, rate = sf.read(out)
+    assert rate == 44100 and len(audio) == frames_reported(result.stdout) * 2048 > 0
+
+
+def test_cli_errors_are_clear(tmp_path):
+    result = run_cli("synth", "--demo", "--text", "   ", "--out", str(tmp_path / "x.wav"))
+    assert result.returncode == 2 and "text is empty" in result.stderr
+    result = run_cli("synth", "--demo", "--text", "hi", "--reference", "a.wav", "--out", str(tmp_path / "x.wav"))
+    assert result.returncode == 2 and "--reference-text" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_cli_tokenize_prints_json_lines(s1_dir, s1_expected):
+    texts = s1_expected["tokenizer_texts"][:3]
+    result = run_cli("tokenize", "--checkpoint", str(s1_dir), *texts)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.strip().splitlines()
+    assert [eval(line) for line in lines] == s1_expected["tokenizer_ids"][:3]
+
+
+def test_same_seed_same_audio_and_other_seed_differs(engine):
+    first = engine.synthesize("Seeded sampling.", params=FAST)
+    again = engine.synthesize("Seeded sampling.", params=FAST)
+    other = engine.synthesize("Seeded sampling.", params=SamplingParams(max_new_tokens=12, seed=8))
+    assert np.array_equal(first.audio, again.audio)
+    assert first.audio.shape != other.audio.shape or not np.array_equal(first.audio, other.audio)
+    assert first.stats["frames"] * 2048 == len(first.audio)
+    assert first.stats["ttfa_s"] <= first.stats["total_s"]
+
+
+def test_stream_yields_the_same_audio_as_synthesize(engine):
+    text = "First sentence here. " * 8 + "And a last one."
+    params = SamplingParams(max_new_tokens=10, seed=3, chunk_length=100)
+    chunks = list(engine.synthesize_stream(text, params=params))
+    whole = engine.synthesize(text, params=params)
+    assert len(chunks) > 1
+    assert np.array_equal(np.concatenate(chunks), whole.audio)
+
+
+def test_long_text_chunks_join_without_clicks(engine):
+    text = " ".join(f"Sentence number {i} is here." for i in range(15))
+    params = SamplingParams(max_new_tokens=8, seed=5, chunk_length=100)
+    chunks = list(engine.synthesize_stream(text, params=params))
+    assert len(chunks) >= 3
+    for left, right in zip(chunks, chunks[1:]):
+        if len(left) and len(right):
+            # Both sides of a seam fade to silence, so the jump across it is tiny.
+            assert abs(float(left[-1])) < 1e-3 and abs(float(right[0])) < 1e-3
+
+
+def test_later_chunks_reuse_the_first_chunks_voice(engine, monkeypatch):
+    from engine import synthesis
+
+    prompts = []
+    real_build = synthesis.build_prompt
+
+    def spy(tokenizer, text, references, **kw):
+        prompts.append((text, [(t, c.clone()) for t, c in references]))
+        return real_build(tokenizer, text, references, **kw)
+
+    monkeypatch.setattr(synthesis, "build_prompt", spy)
+    text = "The first part of the story is told here. " * 3 + "Then the second part follows after it."
+    engine.synthesize(text, params=SamplingParams(max_new_tokens=10, seed=11, chunk_length=100))
+    assert len(prompts) >= 2
+    assert prompts[0][1] == []
+    first_text, first_refs = prompts[1][1][0][0], prompts[1][1]
+    assert first_text == prompts[0][0]
+    for _, refs in prompts[2:]:
+        assert refs[0][0] == first_text and torch.equal(refs[0][1], first_refs[0][1])
+
+
+def test_voice_clone_and_saved_voice(engine, speech):
+    transcript = "The quick brown fox jumps over the lazy dog. This is a short reference clip."
+    ref = ReferenceInput(speech.wav().read_bytes(), transcript)
+    cloned = engine.synthesize("Cloned.", references=[ref], params=FAST)
+    assert len(cloned.audio) > 0
+    misses = engine.reference_cache.stats()["misses"]
+    engine.synthesize("Cloned again.", references=[ref], params=FAST)
+    assert engine.reference_cache.stats()["misses"] == misses  # encoded once, served from the cache
+
+    engine.voices.add("fox", speech.variant("flac"), transcript)
+    saved = engine.synthesize("Saved voice.", voice="fox", params=FAST)
+    assert len(saved.audio) > 0
+
+
+def test_batch_reports_errors_per_item(engine):
+    progress = []
+    results = engine.synthesize_batch(["One.", "   ", "Three."], params=FAST,
+                                      progress=lambda done, total: progress.append((done, total)))
+    assert isinstance(results[1], InputError)
+    assert results[0].audio.size > 0 and results[2].audio.size > 0
+    assert progress == [(1, 3), (2, 3), (3, 3)]
+
+
+# ---- bad input: each answered with a clear error, and the engine keeps working ----------------------
+
+
+def silent_wav(tmp_path: Path, seconds: float = 2.0) -> Path:
+    path = tmp_path / "silent.wav"
+    sf.write(path, np.zeros(int(44100 * seconds), dtype=np.float32), 44100)
+    return path
+
+
+@pytest.mark.parametrize("make_reference, message", [
+    (lambda tmp, speech: ReferenceInput(b"not audio at all", "words"), "cannot"),
+    (lambda tmp, speech: ReferenceInput(b"", "words"), "empty"),
+    (lambda tmp, speech: ReferenceInput(silent_wav(tmp), "words"), "silent"),
+    (lambda tmp, speech: ReferenceInput((44100, np.full(44100, np.nan, dtype=np.float32)), "words"), "NaN"),
+    (lambda tmp, speech: ReferenceInput((44100, np.random.default_rng(0).uniform(-0.5, 0.5, 44100 * 100)
+                                         .astype(np.float32)), "words"), "long"),
+    (lambda tmp, speech: ReferenceInput(speech.wav(), "   "), "transcript"),
+    (lambda tmp, speech: ReferenceInput(tmp / "missing.wav", "words"), "missing.wav"),
+])
+def test_bad_reference_is_rejected_clearly(engine, speech, tmp_path, make_reference, message):
+    with pytest.raises(InputError) as err:
+        engine.synthesize("Hello.", references=[make_reference(tmp_path, speech)], params=FAST)
+    assert message.lower() in str(err.value).lower()
+    assert len(engine.synthesize("Still working.", params=FAST).audio) > 0
+
+
+@pytest.mark.parametrize("text, message", [("", "empty"), ("  \n\t ", "empty"), ("x" * 501, "limit")])
+def test_bad_text_is_rejected_clearly(engine, text, message):
+    with pytest.raises(InputError, match=message):
+        engine.synthesize(text, params=FAST)
+
+
+def test_unknown_voice_is_rejected_clearly(engine):
+    with pytest.raises(VoiceNotFoundError, match="nobody"):
+        engine.synthesize("Hello.", voice="nobody", params=FAST)
+
+
+@pytest.mark.parametrize("field, value", [
+    ("temperature", 0.0), ("temperature", 1.5), ("top_p", 0.05), ("top_p", math.nan),
+    ("repetition_penalty", 0.5), ("repetition_penalty", 2.5), ("max_new_tokens", -1),
+    ("max_new_tokens", 1.5), ("chunk_length", 10), ("seed", -3), ("temperature", "hot"),
+])
+def test_sampling_parameters_out_of_range(field, value):
+    with pytest.raises(InputError, match=field):
+        SamplingParams(**{field: value})
+
+
+# ---- checkpoints -----------------------------------------------------------------------------------
+
+
+def test_wrong_shape_checkpoint_names_the_keys(tiny_checkpoint, tmp_path):
+    import json
+
+    broken = shutil.copytree(tiny_checkpoint, tmp_path / "broken")
+    config = json.loads((broken / "config.json").read_text())
+    config["intermediate_size"] += 8
+    (broken / "config.json").write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match=r"feed_forward\.w1\.weight"):
+        TTSEngine.from_config(EngineConfig(checkpoint=str(broken)))
+
+
+def test_missing_and_corrupt_files_are_explained(tiny_checkpoint, tmp_path):
+    partial = shutil.copytree(tiny_checkpoint, tmp_path / "partial")
+    (partial / "codec.pth").unlink()
+    with pytest.raises(CheckpointError, match="codec.pth") as err:
+        TTSEngine.from_config(EngineConfig(checkpoint=str(partial)))
+    assert "--demo" in str(err.value)
+
+    corrupt = shutil.copytree(tiny_checkpoint, tmp_path / "corrupt")
+    (corrupt / "model.pth").write_bytes(b"PK\x03\x04 truncated")
+    with pytest.raises(CheckpointError, match="download it again"):
+        TTSEngine.from_config(EngineConfig(checkpoint=str(corrupt)))
+
+
+def test_repo_id_without_network_explains_how_to_get_weights(monkeypatch, tmp_path):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    import huggingface_hub.constants as hf_constants
+
+    monkeypatch.setattr(hf_constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.chdir(tmp_path)  # no ./checkpoints/openaudio-s1-mini here
+    with pytest.raises(CheckpointError) as err:
+        TTSEngine.from_config(EngineConfig())
+    message = str(err.value)
+    assert "fishaudio/openaudio-s1-mini" in message and "HF_TOKEN" in message and "--demo" in message
