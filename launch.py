@@ -155,11 +155,11 @@ def plan_server(args, environ) -> ServerPlan:
     return ServerPlan(host, port, root or "", api_key, share, tuple(reasons))
 
 
-def runpod_storage_defaults(environ) -> dict[str, str]:
+def runpod_storage_defaults(environ, workspace: str = RUNPOD_WORKSPACE) -> dict[str, str]:
     """On a RunPod pod, keep downloads, kernels and voices on the volume that survives restarts."""
-    if not environ.get("RUNPOD_POD_ID") or not os.path.isdir(RUNPOD_WORKSPACE):
+    if not environ.get("RUNPOD_POD_ID") or not os.path.isdir(workspace):
         return {}
-    base = RUNPOD_WORKSPACE
+    base = workspace
     wanted = {
         "HF_HOME": f"{base}/huggingface",
         "S1_MINI_CACHE_DIR": f"{base}/s1-mini/cache",
