@@ -30,7 +30,7 @@ def new_cache(model, capacity=None):
 def prefill_all(model, sequence):
     """Residual stream after the last slow layer at every position of one cached prefill."""
     length = sequence.shape[1]
-    views = new_cache(model).views(torch.tensor([0]), torch.arange(length)[None], length)
+    views = new_cache(model).views(torch.arange(length)[None], length)
     with torch.inference_mode():
         return model.forward_slow(sequence[None].long(), views)[0]
 
@@ -76,11 +76,10 @@ def test_incremental_decode_matches_prefill(model, s1_expected):
     full = prefill_all(model, sequence)
     prompt_len = s1_expected["prompt_b"].shape[1]
     cache = new_cache(model)
-    rows = torch.tensor([0])
     with torch.inference_mode():
-        model.forward_slow(sequence[None, :, :prompt_len], cache.views(rows, torch.arange(prompt_len)[None], prompt_len))
+        model.forward_slow(sequence[None, :, :prompt_len], cache.views(torch.arange(prompt_len)[None], prompt_len))
         for pos in range(prompt_len, sequence.shape[1]):
-            step = model.forward_slow(sequence[None, :, pos: pos + 1], cache.views(rows, torch.tensor([[pos]]), pos + 1))
+            step = model.forward_slow(sequence[None, :, pos: pos + 1], cache.views(torch.tensor([[pos]]), pos + 1))
             torch.testing.assert_close(step[0, 0], full[pos], atol=ATOL, rtol=0)
 
 
@@ -91,14 +90,13 @@ def test_fast_logits_parity(model, s1_expected):
     expected = s1_expected["fwd_fast_logits"]
     n_cases, n_codebooks = expected.shape[:2]
     fast_cache = new_fast_cache(model, 1)
-    rows = torch.tensor([0])
     for j in range(n_cases):
         x = hidden[positions[j]].view(1, 1, -1)
         for k in range(n_codebooks):
             if k > 0:
                 x = model.fast_embeddings(frames[k, j].view(1)).unsqueeze(1)  # row k holds c_{k-1}
             with torch.inference_mode():
-                logits = model.forward_fast(x, fast_cache.views(rows, torch.tensor([[k]]), k + 1))
+                logits = model.forward_fast(x, fast_cache.views(torch.tensor([[k]]), k + 1))
             torch.testing.assert_close(logits[0, 0], expected[j, k], atol=ATOL, rtol=0, msg=f"case {j} pos {k}")
     short = s1_expected["fwd_fast_logits_short"]
     assert torch.equal(expected[:, 1:, : short.shape[-1]], short)

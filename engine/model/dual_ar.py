@@ -139,14 +139,13 @@ def apply_rope(x: Tensor, table: Tensor) -> Tensor:
 class KVView:
     """Where one attention layer stores and reads keys/values for this call.
 
-    k, v: (rows_total, n_kv_heads, capacity, head_dim) storage; rows: (B,) storage row of each batch
-    entry; positions: (B, S) positions written by this call; kv_len: how many leading positions are
-    read (every live position of every row fits below it; positions beyond a row's own are masked).
+    k, v: (B, n_kv_heads, capacity, head_dim) storage, one row per batch entry (slot b serves row b);
+    positions: (B, S) positions written by this call; kv_len: how many leading positions are read
+    (every live position of every row lies below it; positions past a row's own are masked).
     """
 
     k: Tensor
     v: Tensor
-    rows: Tensor
     positions: Tensor
     kv_len: int
 
@@ -176,18 +175,21 @@ class Attention(nn.Module):
         q, k = apply_rope(q, rope), apply_rope(k, rope)
 
         # Advanced indices on dims 0 and 2 put (B, S) first: the value is (B, S, H_kv, D).
-        rows = kv.rows[:, None]
-        kv.k[rows, :, kv.positions] = k
-        kv.v[rows, :, kv.positions] = v
-        keys = kv.k[kv.rows, :, : kv.kv_len]
-        values = kv.v[kv.rows, :, : kv.kv_len]
+        batch_rows = torch.arange(bsz, device=x.device)[:, None]
+        kv.k[batch_rows, :, kv.positions] = k
+        kv.v[batch_rows, :, kv.positions] = v
+        keys, values = kv.k[:, :, : kv.kv_len], kv.v[:, :, : kv.kv_len]
 
+        # Grouped queries without expanding K/V: query heads g*G .. g*G+G-1 share KV head g, so
+        # (B, H, S, D) is viewed as (B, H_kv, G*S, D) and the causal mask repeated G times.
+        group = self.n_head // self.n_kv_heads
+        q = q.transpose(1, 2).reshape(bsz, self.n_kv_heads, group * seqlen, self.head_dim)
         # Causal over live positions only: key j is visible to a query at position p when j <= p.
         visible = torch.arange(kv.kv_len, device=x.device) <= kv.positions[:, None, :, None]
-        out = F.scaled_dot_product_attention(
-            q.transpose(1, 2), keys, values, attn_mask=visible, enable_gqa=self.n_head != self.n_kv_heads
-        )
-        return self.wo(out.transpose(1, 2).reshape(bsz, seqlen, q_size))
+        visible = visible.expand(bsz, group, seqlen, kv.kv_len).reshape(bsz, 1, group * seqlen, kv.kv_len)
+        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=visible)
+        out = out.view(bsz, self.n_head, seqlen, self.head_dim).transpose(1, 2)
+        return self.wo(out.reshape(bsz, seqlen, q_size))
 
 
 class FeedForward(nn.Module):

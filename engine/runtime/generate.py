@@ -66,13 +66,12 @@ def sample_frame(model: DualARTransformer, hidden: Tensor, params: SamplingTenso
     is_semantic = (token >= layout.semantic_begin_id) & (token <= layout.semantic_end_id)
     codes = [torch.where(is_semantic, token - layout.semantic_begin_id, torch.zeros_like(token))]
 
-    rows = torch.arange(batch, device=hidden.device)
     x = hidden
     for k in range(n_codebooks):
         if k > 0:
             x = model.fast_embeddings(codes[-1]).unsqueeze(1)
         positions = torch.full((batch, 1), k, dtype=torch.int64, device=hidden.device)
-        fast_logits = model.forward_fast(x, fast_cache.views(rows, positions, k + 1))
+        fast_logits = model.forward_fast(x, fast_cache.views(positions, k + 1))
         if k > 0:  # position 0 only fills the fast cache; its logits are not used
             restricted = fast_logits[:, 0, : layout.residual_codebook_size]
             codes.append(sample(restricted, params, history.ids[:, k], valid, noise_counter(history.generated, k)))
@@ -90,18 +89,17 @@ def frame_budget(prompt_len: int, max_new_tokens: int, capacity: int) -> int:
 
 
 def iter_frames(model: DualARTransformer, prompt: Tensor, params: SamplingTensors, *, max_new_tokens: int,
-                cache: KVCache, slot: int = 0) -> Iterator[Tensor]:
-    """Yield frames (1 + num_codebooks,) for one prompt (1 + num_codebooks, L), the last being
-    `<|im_end|>` if the model stopped within the budget."""
+                cache: KVCache) -> Iterator[Tensor]:
+    """Yield frames (1 + num_codebooks,) for one prompt (1 + num_codebooks, L) in cache slot 0, the
+    last being `<|im_end|>` if the model stopped within the budget."""
     device = prompt.device
     prompt_len = prompt.shape[1]
     budget = frame_budget(prompt_len, max_new_tokens, cache.capacity)
-    rows = torch.tensor([slot], device=device)
     history = FrameHistory.empty(1, model.config.num_codebooks, device)
     fast_cache = new_fast_cache(model, 1)
 
     positions = torch.arange(prompt_len, device=device)[None]
-    hidden = model.forward_slow(prompt[None].long(), cache.views(rows, positions, prompt_len))[:, -1:]
+    hidden = model.forward_slow(prompt[None].long(), cache.views(positions, prompt_len))[:, -1:]
     for i in range(budget):
         frame = sample_frame(model, hidden, params, history, fast_cache)
         yield frame[0]
@@ -109,7 +107,7 @@ def iter_frames(model: DualARTransformer, prompt: Tensor, params: SamplingTensor
             return
         position = prompt_len + i
         positions = torch.tensor([[position]], device=device)
-        hidden = model.forward_slow(frame[:, :, None], cache.views(rows, positions, position + 1))
+        hidden = model.forward_slow(frame[:, :, None], cache.views(positions, position + 1))
 
 
 @dataclass
@@ -126,7 +124,7 @@ class Generation:
 
 @torch.inference_mode()
 def generate(model: DualARTransformer, prompt: Tensor, params: SamplingTensors, *, max_new_tokens: int,
-             cache: KVCache, slot: int = 0) -> Generation:
-    frames = list(iter_frames(model, prompt, params, max_new_tokens=max_new_tokens, cache=cache, slot=slot))
+             cache: KVCache) -> Generation:
+    frames = list(iter_frames(model, prompt, params, max_new_tokens=max_new_tokens, cache=cache))
     tokens = torch.stack(frames, dim=1)
     return Generation(tokens.to(torch.int32), bool(tokens[0, -1] == model.layout.im_end_id))
