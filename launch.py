@@ -128,12 +128,14 @@ def plan_server(args, environ) -> ServerPlan:
         host, port = parse_listen(listen)
         reasons.append(f"listening on {host}:{port} (from {source})")
     else:
-        host = environ.get("GRADIO_SERVER_NAME") or ("0.0.0.0" if pod else DEFAULT_HOST)
+        # Behind RunPod's or a Space's proxy, 127.0.0.1 would be unreachable.
+        proxied = pod or environ.get("SPACE_ID")
+        host = environ.get("GRADIO_SERVER_NAME") or ("0.0.0.0" if proxied else DEFAULT_HOST)
         port = int(environ.get("GRADIO_SERVER_PORT") or DEFAULT_PORT)
         if environ.get("GRADIO_SERVER_NAME") or environ.get("GRADIO_SERVER_PORT"):
             why = "from GRADIO_SERVER_NAME / GRADIO_SERVER_PORT"
-        elif pod:
-            why = "RunPod's proxy reaches only 0.0.0.0"
+        elif proxied:
+            why = "the platform's proxy reaches only 0.0.0.0"
         else:
             why = "default: this machine only"
         reasons.append(f"listening on {host}:{port} ({why})")

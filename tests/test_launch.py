@@ -76,6 +76,11 @@ def test_runpod_listens_everywhere_with_the_proxy_url_as_root():
     assert (plan.host, plan.port, plan.root_path) == ("0.0.0.0", 7860, "https://abc123-7860.proxy.runpod.net")
 
 
+def test_space_listens_everywhere_on_7860():
+    plan = launch.plan_server(parse(), {"SPACE_ID": "me/s1-mini"})
+    assert (plan.host, plan.port, plan.root_path) == ("0.0.0.0", 7860, "")
+
+
 def test_runpod_keeps_caches_on_the_workspace_volume(tmp_path):
     env = {"RUNPOD_POD_ID": "abc123", "HF_HOME": "/mine"}
     found = launch.runpod_storage_defaults(env, workspace=str(tmp_path))
