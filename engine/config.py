@@ -42,6 +42,9 @@ class EngineConfig:
     cache_dir: str | None = None  # None = the platformdirs user cache dir
     voices_dir: str | None = None  # None = the platformdirs user data dir / voices
     seed: int | None = None  # engine-wide default seed for requests that give none
+    # Sample codebook 0 over the whole vocabulary as the reference does, instead of over the
+    # semantic tokens and <|im_end|> only (slower: reads the full 155,776-row output matrix).
+    exact_sampling: bool = False
 
     def __post_init__(self):
         _one_of("device", self.device.split(":")[0], DEVICES)

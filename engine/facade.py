@@ -15,6 +15,7 @@ from typing import Callable, Iterator, Sequence
 import numpy as np
 from loguru import logger
 
+from . import compilation
 from .audio import load_audio
 from .config import EngineConfig
 from .device import memory_gb
@@ -53,16 +54,19 @@ class TTSEngine:
             lambda samples: self._synthesizer.encode_reference(samples),
             cache_dir / "reference-codes", fingerprint=models.fingerprint,
         )
-        self._synthesizer = Synthesizer(models, self.reference_cache)
+        self.policy = compilation.decide(config.compile, models.placement.device)
+        if self.policy.compile:
+            compilation.configure_caches(cache_dir / "compile")
+        self._synthesizer = Synthesizer(models, self.reference_cache, self.policy, config.exact_sampling)
         self.voices = VoiceStore(default_voices_dir(config.voices_dir), max_seconds=config.max_reference_seconds)
         self._worker = GPUWorker(config.max_queue)
         self._stats_lock = threading.Lock()
         self._counters = {"requests_total": 0, "errors_total": 0, "frames_total": 0, "audio_seconds_total": 0.0}
         self._last_frames_per_s: float | None = None
         self.is_ready = False
-        logger.info("engine ready to warm up: {} on {} ({}); reference cache {}; voices {}",
-                    models.description, models.placement.device, models.placement.reason, cache_dir,
-                    self.voices.root)
+        logger.info("engine loaded: {} on {} ({}); decode: {}; cache dir {}; voices {}",
+                    models.description, models.placement.device, models.placement.reason, self.policy.describe(),
+                    cache_dir, self.voices.root)
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> "TTSEngine":
@@ -102,7 +106,10 @@ class TTSEngine:
         return results
 
     def warmup(self) -> None:
+        """Compile and capture the decode step (on the worker thread, which owns every graph), then
+        run one short request end to end."""
         started = time.perf_counter()
+        self._worker.call(self._synthesizer.runner.prepare)
         self.synthesize(WARMUP_TEXT, params=SamplingParams(max_new_tokens=32, seed=0))
         self.is_ready = True
         logger.info("warm-up done in {:.1f} s", time.perf_counter() - started)
@@ -167,7 +174,7 @@ class TTSEngine:
             "demo": self.models.random_weights,
             "device": str(placement.device),
             "precision": placement.precision,
-            "compile": "off (eager)",
+            "compile": self.policy.describe(),
             "memory_gb": allocated,
             "peak_memory_gb": peak,
             "queue_depth": self._worker.queue_depth,

@@ -17,9 +17,9 @@ from .errors import InputError
 from .loader import LoadedModels
 from .params import SamplingParams
 from .references import ReferenceCodeCache
-from .runtime.generate import iter_frames
+from .compilation import CompilePolicy
 from .runtime.kv_cache import KVCache
-from .runtime.sampling import SamplingTensors
+from .runtime.step_runner import StepRunner
 from .runtime.worker import Job
 from .text.prompt import build_prompt
 
@@ -44,13 +44,15 @@ class AudioChunk:
 
 
 class Synthesizer:
-    def __init__(self, models: LoadedModels, reference_cache: ReferenceCodeCache):
+    def __init__(self, models: LoadedModels, reference_cache: ReferenceCodeCache, policy: CompilePolicy,
+                 exact_sampling: bool):
         self.models = models
         self.reference_cache = reference_cache
         c = models.model.config
         self.capacity = c.max_seq_len
-        self.cache = KVCache(c.n_layer, 1, c.n_local_heads, c.max_seq_len, c.head_dim,
-                             models.placement.dtype, models.placement.device)
+        cache = KVCache(c.n_layer, 1, c.n_local_heads, c.max_seq_len, c.head_dim,
+                        models.placement.dtype, models.placement.device)
+        self.runner = StepRunner(models.model, cache, policy, exact_vocab=exact_sampling)
 
     @property
     def sample_rate(self) -> int:
@@ -83,18 +85,12 @@ class Synthesizer:
                 f"over this model's limit of {limit}; use a shorter reference clip or a smaller chunk_length"
             )
         p = request.params
-        sampling = SamplingTensors.build([p.temperature], [p.top_p], [p.repetition_penalty],
-                                         [_chunk_noise_key(request.seed, index)], m.placement.device)
-        frames = []
         with torch.inference_mode():
-            for frame in iter_frames(m.model, prompt.to(m.placement.device), sampling,
-                                     max_new_tokens=p.max_new_tokens, cache=self.cache):
-                job.check_cancelled()
-                frames.append(frame)
-        tokens = torch.stack(frames, dim=1)
-        if int(tokens[0, -1]) == m.tokenizer.im_end_id:
-            tokens = tokens[:, :-1]
-        return tokens[1:]
+            blocks = list(self.runner.generate(
+                prompt.to(m.placement.device), temperature=p.temperature, top_p=p.top_p,
+                repetition_penalty=p.repetition_penalty, noise_key=_chunk_noise_key(request.seed, index),
+                max_new_tokens=p.max_new_tokens, check_cancelled=job.check_cancelled))
+        return torch.cat(blocks, dim=1)[1:]
 
     def _decode(self, codes: torch.Tensor) -> np.ndarray:
         if codes.shape[1] == 0:

@@ -140,14 +140,15 @@ class KVView:
     """Where one attention layer stores and reads keys/values for this call.
 
     k, v: (B, n_kv_heads, capacity, head_dim) storage, one row per batch entry (slot b serves row b);
-    positions: (B, S) positions written by this call; kv_len: how many leading positions are read
-    (every live position of every row lies below it; positions past a row's own are masked).
+    positions: (B, S) positions written by this call; key_positions: arange(kv_len), the leading
+    positions read (every live position of every row lies below kv_len; positions past a row's own
+    are masked). A tensor rather than an int so that a compiled step sees kv_len as a dynamic size.
     """
 
     k: Tensor
     v: Tensor
     positions: Tensor
-    kv_len: int
+    key_positions: Tensor
 
 
 class Attention(nn.Module):
@@ -178,15 +179,16 @@ class Attention(nn.Module):
         batch_rows = torch.arange(bsz, device=x.device)[:, None]
         kv.k[batch_rows, :, kv.positions] = k
         kv.v[batch_rows, :, kv.positions] = v
-        keys, values = kv.k[:, :, : kv.kv_len], kv.v[:, :, : kv.kv_len]
+        kv_len = kv.key_positions.shape[0]
+        keys, values = kv.k[:, :, :kv_len], kv.v[:, :, :kv_len]
 
         # Grouped queries without expanding K/V: query heads g*G .. g*G+G-1 share KV head g, so
         # (B, H, S, D) is viewed as (B, H_kv, G*S, D) and the causal mask repeated G times.
         group = self.n_head // self.n_kv_heads
         q = q.transpose(1, 2).reshape(bsz, self.n_kv_heads, group * seqlen, self.head_dim)
         # Causal over live positions only: key j is visible to a query at position p when j <= p.
-        visible = torch.arange(kv.kv_len, device=x.device) <= kv.positions[:, None, :, None]
-        visible = visible.expand(bsz, group, seqlen, kv.kv_len).reshape(bsz, 1, group * seqlen, kv.kv_len)
+        visible = kv.key_positions <= kv.positions[:, None, :, None]
+        visible = visible.expand(bsz, group, seqlen, kv_len).reshape(bsz, 1, group * seqlen, kv_len)
         out = F.scaled_dot_product_attention(q, keys, values, attn_mask=visible)
         out = out.view(bsz, self.n_head, seqlen, self.head_dim).transpose(1, 2)
         return self.wo(out.reshape(bsz, seqlen, q_size))
@@ -290,12 +292,18 @@ class DualARTransformer(nn.Module):
 
     # ---- fast transformer -------------------------------------------------------------------
 
-    def forward_fast(self, x: Tensor, kv_views: list[KVView]) -> Tensor:
-        """One fast position for every row. x: (B, 1, fast_dim) -> logits (B, 1, codebook_size)."""
+    def forward_fast(self, x: Tensor, kv_views: list[KVView], n_logits: int | None = None) -> Tensor | None:
+        """One fast position for every row. x: (B, 1, fast_dim) -> logits (B, 1, n_logits).
+
+        n_logits: the leading output columns wanted (None: all codebook_size; 0: none, the call only
+        fills the fast KV cache). Fewer columns read fewer weight rows and give identical values.
+        """
         rope = self.rope_fast[kv_views[0].positions]
         for layer, kv in zip(self.fast_layers, kv_views):
             x = layer(x, rope, kv)
-        return self.fast_output(self.fast_norm(x))
+        if n_logits == 0:
+            return None
+        return F.linear(self.fast_norm(x), self.fast_output.weight[:n_logits])
 
 
 def init_random_(model: DualARTransformer, std: float, seed: int) -> DualARTransformer:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Iterator
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from ..model.dual_ar import DualARTransformer
@@ -52,17 +53,67 @@ def new_fast_cache(model: DualARTransformer, batch: int) -> KVCache:
                    param.dtype, param.device)
 
 
-def sample_frame(model: DualARTransformer, hidden: Tensor, params: SamplingTensors, history: FrameHistory,
+class FullVocabHead:
+    """Codebook 0 sampled over the whole vocabulary, as the reference does."""
+
+    def __init__(self, model: DualARTransformer):
+        self.model = model
+        self.first_padding_id = model.layout.semantic_end_id + 1
+
+    def logits(self, hidden: Tensor) -> Tensor:
+        logits = self.model.slow_logits(hidden)[:, -1]
+        # Padding rows past the last semantic id are not tokens; never sample them.
+        logits[:, self.first_padding_id:] = float("-inf")
+        return logits
+
+    def index_of(self, tokens: Tensor) -> tuple[Tensor, Tensor]:
+        return tokens, torch.ones_like(tokens, dtype=torch.bool)
+
+    def token_of(self, indices: Tensor) -> Tensor:
+        return indices
+
+
+class SemanticHead:
+    """Codebook 0 sampled over the 4096 semantic tokens and `<|im_end|>` only.
+
+    Reads 4097 rows of the output matrix instead of the whole vocabulary (8 MB instead of 319 MB per
+    frame at full size). Text tokens, which the reference could sample (and then feed back as a
+    frame without codes), are never chosen; a real checkpoint gives them negligible probability
+    after speech has started.
+    """
+
+    def __init__(self, model: DualARTransformer):
+        layout = model.layout
+        self.model = model
+        self.begin, self.n_semantic = layout.semantic_begin_id, layout.semantic_end_id - layout.semantic_begin_id + 1
+        self.im_end = layout.im_end_id
+        weight = model.output.weight
+        self.weight = torch.cat([weight[self.begin: self.begin + self.n_semantic], weight[self.im_end:self.im_end + 1]])
+        self.ids = torch.cat([torch.arange(self.begin, self.begin + self.n_semantic, device=weight.device),
+                              torch.tensor([self.im_end], device=weight.device)])
+
+    def logits(self, hidden: Tensor) -> Tensor:
+        return F.linear(self.model.norm(hidden[:, -1]), self.weight)
+
+    def index_of(self, tokens: Tensor) -> tuple[Tensor, Tensor]:
+        is_semantic = (tokens >= self.begin) & (tokens < self.begin + self.n_semantic)
+        index = torch.where(is_semantic, tokens - self.begin, torch.full_like(tokens, self.n_semantic))
+        return index, is_semantic | (tokens == self.im_end)
+
+    def token_of(self, indices: Tensor) -> Tensor:
+        return self.ids[indices]
+
+
+def sample_frame(model: DualARTransformer, head, hidden: Tensor, params: SamplingTensors, history: FrameHistory,
                  fast_cache: KVCache) -> Tensor:
     """hidden (B, 1, dim): slow residual stream at the last position -> frame (B, 1 + num_codebooks) int64."""
     layout, n_codebooks = model.layout, model.config.num_codebooks
     batch = hidden.shape[0]
     valid = history.valid()
 
-    logits = model.slow_logits(hidden)[:, -1]
-    # Padding rows past the last semantic id are not tokens; never sample them.
-    logits[:, layout.semantic_end_id + 1:] = float("-inf")
-    token = sample(logits, params, history.ids[:, 0], valid, noise_counter(history.generated, 0))
+    seen, known = head.index_of(history.ids[:, 0])
+    index = sample(head.logits(hidden), params, seen, valid & known, noise_counter(history.generated, 0))
+    token = head.token_of(index)
     is_semantic = (token >= layout.semantic_begin_id) & (token <= layout.semantic_end_id)
     codes = [torch.where(is_semantic, token - layout.semantic_begin_id, torch.zeros_like(token))]
 
@@ -71,10 +122,11 @@ def sample_frame(model: DualARTransformer, hidden: Tensor, params: SamplingTenso
         if k > 0:
             x = model.fast_embeddings(codes[-1]).unsqueeze(1)
         positions = torch.full((batch, 1), k, dtype=torch.int64, device=hidden.device)
-        fast_logits = model.forward_fast(x, fast_cache.views(positions, k + 1))
-        if k > 0:  # position 0 only fills the fast cache; its logits are not used
-            restricted = fast_logits[:, 0, : layout.residual_codebook_size]
-            codes.append(sample(restricted, params, history.ids[:, k], valid, noise_counter(history.generated, k)))
+        # Position 0 only fills the fast cache; codes 1..9 use the first residual_codebook_size logits.
+        n_logits = 0 if k == 0 else layout.residual_codebook_size
+        fast_logits = model.forward_fast(x, fast_cache.views(positions, k + 1), n_logits)
+        if k > 0:
+            codes.append(sample(fast_logits[:, 0], params, history.ids[:, k], valid, noise_counter(history.generated, k)))
     frame = torch.stack([token] + codes, dim=1)
     history.push(frame)
     return frame
@@ -97,11 +149,12 @@ def iter_frames(model: DualARTransformer, prompt: Tensor, params: SamplingTensor
     budget = frame_budget(prompt_len, max_new_tokens, cache.capacity)
     history = FrameHistory.empty(1, model.config.num_codebooks, device)
     fast_cache = new_fast_cache(model, 1)
+    head = FullVocabHead(model)
 
     positions = torch.arange(prompt_len, device=device)[None]
     hidden = model.forward_slow(prompt[None].long(), cache.views(positions, prompt_len))[:, -1:]
     for i in range(budget):
-        frame = sample_frame(model, hidden, params, history, fast_cache)
+        frame = sample_frame(model, head, hidden, params, history, fast_cache)
         yield frame[0]
         if int(frame[0, 0]) == model.layout.im_end_id or i == budget - 1:
             return

@@ -21,12 +21,14 @@ class KVCache:
         self.capacity = capacity
         self.n_slots = n_slots
 
-    def views(self, positions: Tensor, kv_len: int) -> list[KVView]:
-        """One KVView per layer for a call writing `positions` (B, S) of slots 0..B-1."""
-        if kv_len > self.capacity:
-            raise ValueError(f"kv_len {kv_len} exceeds the cache capacity {self.capacity}")
-        batch = positions.shape[0]
-        return [KVView(self.k[i, :batch], self.v[i, :batch], positions, kv_len) for i in range(self.k.shape[0])]
+    def views(self, positions: Tensor, kv_len: int | Tensor, first_slot: int = 0) -> list[KVView]:
+        """One KVView per layer for a call writing `positions` (B, S) of slots first_slot.. first_slot+B-1
+        and reading the first kv_len positions (an int, or the key positions arange(kv_len) themselves)."""
+        key_positions = kv_len if isinstance(kv_len, Tensor) else torch.arange(kv_len, device=self.k.device)
+        if key_positions.shape[0] > self.capacity:
+            raise ValueError(f"kv_len {key_positions.shape[0]} exceeds the cache capacity {self.capacity}")
+        rows = slice(first_slot, first_slot + positions.shape[0])
+        return [KVView(self.k[i, rows], self.v[i, rows], positions, key_positions) for i in range(self.k.shape[0])]
 
     @property
     def nbytes(self) -> int:

@@ -1,0 +1,75 @@
+"""The batched decode step: one frame for every row, with all state on the device.
+
+`DecodeState` holds, per KV slot, the column to feed next, its position, the sampling parameters,
+the repetition history and the frames produced so far. `decode_step` reads and updates it in place
+and needs nothing from the host but the batch size and a KV-length bucket, so a compiled step can
+be captured as one CUDA graph per (batch bucket, kv bucket) and replayed frame after frame.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from ..model.dual_ar import DualARTransformer
+from .generate import FrameHistory, sample_frame
+from .kv_cache import KVCache
+from .sampling import SamplingTensors
+
+
+@dataclass
+class DecodeState:
+    columns: Tensor  # (S, 1 + num_codebooks) int64: the column fed at the next step
+    positions: Tensor  # (S,) int64: where that column is written
+    history: FrameHistory
+    sampling: SamplingTensors
+    frames: Tensor  # (S, 1 + num_codebooks, capacity) int64: frame i of slot s at [s, :, i]
+    done: Tensor  # (S,) bool: the slot has produced <|im_end|>
+
+    @classmethod
+    def allocate(cls, n_slots: int, num_codebooks: int, capacity: int, device) -> "DecodeState":
+        def zeros(*shape, dtype=torch.int64):
+            return torch.zeros(*shape, dtype=dtype, device=device)
+
+        sampling = SamplingTensors(zeros(n_slots, 1, dtype=torch.float32) + 1, zeros(n_slots, 1, dtype=torch.float32) + 1,
+                                   zeros(n_slots, 1, dtype=torch.float32) + 1, zeros(n_slots))
+        return cls(zeros(n_slots, 1 + num_codebooks), zeros(n_slots),
+                   FrameHistory.empty(n_slots, num_codebooks, device), sampling,
+                   zeros(n_slots, 1 + num_codebooks, capacity), zeros(n_slots, dtype=torch.bool))
+
+    def rows(self, batch: int) -> "DecodeState":
+        """Views of slots 0..batch-1 (the same storage, so updates land in place)."""
+        s = self.sampling
+        return DecodeState(
+            self.columns[:batch], self.positions[:batch],
+            FrameHistory(self.history.ids[:batch], self.history.generated[:batch]),
+            SamplingTensors(s.temperature[:batch], s.top_p[:batch], s.repetition_penalty[:batch], s.noise_key[:batch]),
+            self.frames[:batch], self.done[:batch],
+        )
+
+    def start(self, slot: int, column: Tensor, position: int, temperature: float, top_p: float,
+              repetition_penalty: float, noise_key: int) -> None:
+        """Admit a sequence whose prompt, all but its last column, is already in the KV cache."""
+        self.columns[slot] = column
+        self.positions[slot] = position
+        self.history.ids[slot] = 0
+        self.history.generated[slot] = 0
+        self.sampling.temperature[slot] = temperature
+        self.sampling.top_p[slot] = top_p
+        self.sampling.repetition_penalty[slot] = repetition_penalty
+        self.sampling.noise_key[slot] = noise_key
+        self.done[slot] = False
+
+
+def decode_step(model: DualARTransformer, head, cache: KVCache, fast_cache: KVCache, state: DecodeState,
+                key_positions: Tensor) -> None:
+    """Advance every row of `state` (slots 0..B-1) by one frame. key_positions: arange(kv_len)."""
+    hidden = model.forward_slow(state.columns[:, :, None], cache.views(state.positions[:, None], key_positions))
+    frame = sample_frame(model, head, hidden, state.sampling, state.history, fast_cache)
+    index = (state.history.generated - 1)[:, None, None].expand(-1, frame.shape[1], 1)
+    state.frames.scatter_(2, index, frame[:, :, None])
+    state.done |= frame[:, 0] == model.layout.im_end_id
+    state.columns.copy_(frame)
+    state.positions += 1
