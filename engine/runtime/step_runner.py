@@ -119,9 +119,11 @@ class StepRunner:
                 self.model.forward_slow(prompt[None, :, :length].long(), self.cache.views(positions, length, slot))
 
     def generate(self, prompt: Tensor, *, temperature: float, top_p: float, repetition_penalty: float,
-                 noise_key: int, max_new_tokens: int, check_cancelled=lambda: None) -> Iterator[Tensor]:
+                 noise_key: int, max_new_tokens: int, check_cancelled=lambda: None,
+                 stop_at_end: bool = True) -> Iterator[Tensor]:
         """One sequence in slot 0: yields (1 + num_codebooks, n) blocks of new frames (copies, on the
-        device) every few frames, ending at `<|im_end|>` (excluded) or the frame budget."""
+        device) every few frames, ending at `<|im_end|>` (excluded) or the frame budget.
+        stop_at_end=False runs the whole budget whatever is sampled (benchmarks of random weights)."""
         prompt_len = prompt.shape[1]
         budget = frame_budget(prompt_len, max_new_tokens, self.cache.capacity)
         self.prefill(0, prompt)
@@ -134,7 +136,7 @@ class StepRunner:
             check_cancelled()
             produced = i + 1
             frames = self.state.frames[0, :, emitted:produced]
-            ends = (frames[0] == self.model.layout.im_end_id).nonzero()
+            ends = (frames[0] == self.model.layout.im_end_id).nonzero() if stop_at_end else ()
             if len(ends):
                 yield frames[:, : int(ends[0])].clone()
                 return

@@ -1,0 +1,363 @@
+#!/usr/bin/env python
+"""Benchmark the engine and write JSON (stable keys) plus an HTML report with plots.
+
+    python scripts/benchmark.py --weights random --json out/bench.json --html out/bench.html
+    python scripts/benchmark.py --weights random --compare compile=off      # a second config side by side
+    python scripts/benchmark.py --checkpoint checkpoints/openaudio-s1-mini  # the real weights
+
+Measures, per configuration: single-stream decode frames/s and real-time factor (prompt of about
+--prompt-positions positions, --frames frames), prefill time, time to first audio while streaming,
+codec decode time per audio second, cold compile and warm restart (fresh processes sharing a fresh
+compile cache), memory after load and at peak, and end-to-end latency percentiles over --requests
+requests of two kinds: a short text, and a voice clone with a 10 s reference.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+FRAMES_PER_AUDIO_SECOND = 44100 / 2048
+SHORT_TEXT = "The quick brown fox jumps over the lazy dog, and then it runs away into the forest."
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--weights", choices=["random", "real"], default="random",
+                   help="random: full-size random weights (no checkpoint needed); real: --checkpoint")
+    p.add_argument("--checkpoint", help="checkpoint dir or repo id for --weights real")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--precision", default="auto")
+    p.add_argument("--compile", default="auto", choices=["auto", "on", "off"])
+    p.add_argument("--quantize", default="none")
+    p.add_argument("--frames", type=int, default=400, help="frames per single-stream decode run")
+    p.add_argument("--prompt-positions", type=int, default=280)
+    p.add_argument("--runs", type=int, default=3, help="single-stream decode runs (the median is reported)")
+    p.add_argument("--requests", type=int, default=10, help="requests per latency kind")
+    p.add_argument("--request-frames", type=int, default=215, help="frame budget per latency request (~10 s)")
+    p.add_argument("--compare", action="append", default=[],
+                   help="a second configuration as key=value[,key=value] over the first (e.g. compile=off)")
+    p.add_argument("--skip-startup", action="store_true", help="skip the cold-compile / warm-restart processes")
+    p.add_argument("--json", type=Path, help="write results here")
+    p.add_argument("--html", type=Path, help="write an HTML report with plots here")
+    p.add_argument("--phase", choices=["startup"], help=argparse.SUPPRESS)
+    p.add_argument("--cache-dir", help=argparse.SUPPRESS)
+    return p.parse_args(argv)
+
+
+def engine_config(settings: dict, cache_dir: str | None = None):
+    from engine.config import EngineConfig
+
+    return EngineConfig(
+        checkpoint=settings.get("checkpoint"), random_weights=settings["weights"] == "random",
+        device=settings["device"], precision=settings["precision"], compile=settings["compile"],
+        quantize=settings["quantize"], cache_dir=cache_dir, max_batch_size=1,
+        voices_dir=tempfile.mkdtemp(prefix="bench-voices-"), max_text_length=0,
+    )
+
+
+# ---- one process: start-up timing --------------------------------------------------------------------
+
+
+def startup_phase(settings: dict, cache_dir: str) -> dict:
+    """Process start -> engine loaded -> graphs compiled and captured -> first streamed audio."""
+    started = time.perf_counter()
+    from engine.facade import TTSEngine
+    from engine.params import SamplingParams
+
+    engine = TTSEngine.from_config(engine_config(settings, cache_dir))
+    loaded = time.perf_counter()
+    prepare_s = engine._worker.call(engine._synthesizer.runner.prepare)
+    prepared = time.perf_counter()
+    next(iter(engine.synthesize_stream("Hello there.", params=SamplingParams(max_new_tokens=16, seed=0))))
+    first_audio = time.perf_counter()
+    engine.close()
+    return {"load_s": loaded - started, "compile_s": prepare_s, "prepare_wall_s": prepared - loaded,
+            "to_first_audio_s": first_audio - started}
+
+
+def measure_startup(settings: dict) -> dict:
+    cache_dir = tempfile.mkdtemp(prefix="bench-compile-cache-")
+    runs = []
+    for _ in ("cold", "warm"):
+        out = subprocess.run(
+            [sys.executable, __file__, "--phase", "startup", "--cache-dir", cache_dir, *settings_to_argv(settings)],
+            capture_output=True, text=True, timeout=1800, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+        if out.returncode != 0:
+            raise RuntimeError(f"start-up run failed:\n{out.stderr[-4000:]}")
+        runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
+    cold, warm = runs
+    return {"cold_compile_s": cold["compile_s"], "cold_to_first_audio_s": cold["to_first_audio_s"],
+            "warm_compile_s": warm["compile_s"], "warm_restart_s": warm["to_first_audio_s"],
+            "load_s": warm["load_s"]}
+
+
+def settings_to_argv(settings: dict) -> list[str]:
+    argv = []
+    for key in ("weights", "device", "precision", "compile", "quantize"):
+        argv += [f"--{key}", str(settings[key])]
+    if settings.get("checkpoint"):
+        argv += ["--checkpoint", settings["checkpoint"]]
+    return argv
+
+
+# ---- in-process measurements ------------------------------------------------------------------------
+
+
+def percentiles(values: list[float]) -> dict:
+    import numpy as np
+
+    arr = np.asarray(values, dtype=float)
+    return {"p50": float(np.percentile(arr, 50)), "p95": float(np.percentile(arr, 95)),
+            "p99": float(np.percentile(arr, 99)), "mean": float(arr.mean()), "n": len(values)}
+
+
+def synthetic_prompt(engine, positions: int):
+    """A realistic prompt: interleave + speaker tag + text tokens, padded with reference-like frames."""
+    import torch
+
+    from engine.text.prompt import build_prompt
+
+    tok = engine.models.tokenizer
+    text_prompt = build_prompt(tok, SHORT_TEXT * 4, [])
+    if text_prompt.shape[1] >= positions:
+        return text_prompt[:, :positions]
+    frames = positions - text_prompt.shape[1] - 4
+    gen = torch.Generator().manual_seed(0)
+    codes = torch.cat([torch.randint(0, 4096, (1, frames), generator=gen),
+                       torch.randint(0, 1024, (9, frames), generator=gen)])
+    prompt = build_prompt(tok, SHORT_TEXT * 4, [("reference words", codes)])
+    return prompt[:, :positions]
+
+
+def sync(device):
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def measure_in_process(settings: dict, args) -> dict:
+    import numpy as np
+    import torch
+
+    from engine.facade import ReferenceInput, TTSEngine
+    from engine.params import SamplingParams
+
+    engine = TTSEngine.from_config(engine_config(settings))
+    device = engine.models.placement.device
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    after_load = engine.stats()["memory_gb"]
+    engine.warmup()
+    runner = engine._synthesizer.runner
+    prompt = synthetic_prompt(engine, args.prompt_positions).to(device)
+
+    def decode_run(seed):
+        """(prefill seconds, decode seconds for args.frames frames)."""
+        sync(device)
+        t0 = time.perf_counter()
+        runner.prefill(0, prompt)
+        sync(device)
+        t1 = time.perf_counter()
+        blocks = list(runner.generate(prompt, temperature=0.8, top_p=0.8, repetition_penalty=1.1, noise_key=seed,
+                                      max_new_tokens=args.frames, stop_at_end=False))
+        sync(device)
+        t2 = time.perf_counter()
+        frames = sum(b.shape[1] for b in blocks)
+        # generate() prefills again: subtract one prefill from the decode wall time.
+        return t1 - t0, (t2 - t1) - (t1 - t0), frames
+
+    runs = [engine._worker.call(lambda s=seed: decode_run(s)) for seed in range(args.runs)]
+    prefill_s = float(np.median([r[0] for r in runs]))
+    decode_s = float(np.median([r[1] for r in runs]))
+    frames = runs[0][2]
+    fps = frames / decode_s
+
+    # Codec: decode args.frames frames in one call.
+    codes = torch.cat([torch.randint(0, 4096, (1, 1, frames)), torch.randint(0, 1024, (1, 9, frames))], dim=1)
+    codec_times = [engine._worker.call(lambda: _time_codec(engine, codes)) for _ in range(3)]
+    codec_s = float(np.median(codec_times))
+
+    params = SamplingParams(max_new_tokens=args.request_frames, seed=1)
+    reference = ReferenceInput((44100, _reference_signal(10.0)), "A ten second reference clip of someone speaking.")
+    latency = {}
+    ttfa = []
+    for kind, refs in (("short_text", []), ("voice_clone_10s", [reference])):
+        totals = []
+        for i in range(args.requests):
+            started = time.perf_counter()
+            first = None
+            for _ in engine.synthesize_stream(f"{SHORT_TEXT} Request {i}.", references=refs, params=params):
+                first = first or time.perf_counter()
+            totals.append((time.perf_counter() - started) * 1000)
+            ttfa.append((first - started) * 1000)
+        latency[kind] = percentiles(totals)
+    stats = engine.stats()
+    engine.close()
+    return {
+        "single_stream": {
+            "frames_per_s": fps, "ms_per_frame": 1000 / fps,
+            "real_time_factor": FRAMES_PER_AUDIO_SECOND / fps, "x_real_time": fps / FRAMES_PER_AUDIO_SECOND,
+            "frames": frames, "prompt_positions": int(prompt.shape[1]),
+            "prefill_ms": prefill_s * 1000,
+            "ttfa_ms_p50": percentiles(ttfa)["p50"], "ttfa_ms_p95": percentiles(ttfa)["p95"],
+        },
+        "codec": {"decode_ms_per_audio_s": codec_s * 1000 / (frames / FRAMES_PER_AUDIO_SECOND),
+                  "decode_ms": codec_s * 1000, "frames": frames},
+        "latency_ms": latency,
+        "memory": {"after_load_gb": after_load, "peak_gb": stats["peak_memory_gb"]},
+        "engine": {"compile": stats["compile"], "device": stats["device"], "precision": stats["precision"],
+                   "model": stats["model"]},
+    }
+
+
+def _time_codec(engine, codes) -> float:
+    device = engine.models.placement.device
+    sync(device)
+    t0 = time.perf_counter()
+    engine._synthesizer._decode(codes[0].to(device))
+    sync(device)
+    return time.perf_counter() - t0
+
+
+def _reference_signal(seconds: float):
+    import numpy as np
+
+    t = np.arange(int(44100 * seconds)) / 44100
+    rng = np.random.default_rng(0)
+    voiced = 0.3 * np.sin(2 * np.pi * (120 + 40 * np.sin(2 * np.pi * 0.5 * t)) * t)
+    return (voiced * (0.6 + 0.4 * np.sin(2 * np.pi * 3 * t)) + 0.02 * rng.standard_normal(t.shape)).astype(np.float32)
+
+
+# ---- report ----------------------------------------------------------------------------------------
+
+
+def environment() -> dict:
+    import torch
+
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    return {
+        "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
+        "torch": torch.__version__,
+        "commit": commit.stdout.strip() or "unknown",
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+    }
+
+
+def print_table(results: list[dict]) -> None:
+    rows = [
+        ("frames/s (single stream)", lambda r: r["single_stream"]["frames_per_s"], "{:.0f}"),
+        ("x real time", lambda r: r["single_stream"]["x_real_time"], "{:.1f}"),
+        ("prefill ms", lambda r: r["single_stream"]["prefill_ms"], "{:.1f}"),
+        ("TTFA ms p50 (streaming)", lambda r: r["single_stream"]["ttfa_ms_p50"], "{:.0f}"),
+        ("codec ms / audio s", lambda r: r["codec"]["decode_ms_per_audio_s"], "{:.1f}"),
+        ("cold compile s", lambda r: r.get("startup", {}).get("cold_compile_s"), "{:.1f}"),
+        ("warm restart s", lambda r: r.get("startup", {}).get("warm_restart_s"), "{:.1f}"),
+        ("memory after load GB", lambda r: r["memory"]["after_load_gb"], "{:.2f}"),
+        ("memory peak GB", lambda r: r["memory"]["peak_gb"], "{:.2f}"),
+        ("latency p50 ms short", lambda r: r["latency_ms"]["short_text"]["p50"], "{:.0f}"),
+        ("latency p99 ms short", lambda r: r["latency_ms"]["short_text"]["p99"], "{:.0f}"),
+        ("latency p50 ms clone", lambda r: r["latency_ms"]["voice_clone_10s"]["p50"], "{:.0f}"),
+    ]
+    names = [r["name"] for r in results]
+    print(f"{'':28}" + "".join(f"{n:>22}" for n in names))
+    for label, get, fmt in rows:
+        cells = []
+        for r in results:
+            value = get(r)
+            cells.append("-" if value is None else fmt.format(value))
+        print(f"{label:28}" + "".join(f"{c:>22}" for c in cells))
+
+
+def write_html(path: Path, report: dict) -> None:
+    import base64
+    import io
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    configs = report["configurations"]
+    names = [c["name"] for c in configs]
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+    axes[0].bar(names, [c["single_stream"]["frames_per_s"] for c in configs], color="#4a7")
+    axes[0].axhline(212, color="gray", ls="--", label="reference, compiled (212)")
+    axes[0].set_title("single-stream frames/s")
+    axes[0].legend()
+    for c in configs:
+        kinds = list(c["latency_ms"])
+        axes[1].plot(["p50", "p95", "p99"], [c["latency_ms"][kinds[0]][q] for q in ("p50", "p95", "p99")],
+                     marker="o", label=f"{c['name']}: {kinds[0]}")
+        axes[1].plot(["p50", "p95", "p99"], [c["latency_ms"][kinds[1]][q] for q in ("p50", "p95", "p99")],
+                     marker="s", ls="--", label=f"{c['name']}: {kinds[1]}")
+    axes[1].set_title("request latency (ms)")
+    axes[1].legend(fontsize=7)
+    axes[2].bar(names, [c["memory"]["peak_gb"] or 0 for c in configs], color="#a74")
+    axes[2].set_title("peak GPU memory (GB)")
+    fig.tight_layout()
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=110)
+    image = base64.b64encode(buffer.getvalue()).decode()
+    env = report["environment"]
+    rows = "".join(
+        f"<tr><td>{c['name']}</td><td>{c['single_stream']['frames_per_s']:.0f}</td>"
+        f"<td>{c['single_stream']['ttfa_ms_p50']:.0f}</td><td>{c['single_stream']['prefill_ms']:.1f}</td>"
+        f"<td>{c['codec']['decode_ms_per_audio_s']:.1f}</td>"
+        f"<td>{c.get('startup', {}).get('cold_compile_s', float('nan')):.1f}</td>"
+        f"<td>{c.get('startup', {}).get('warm_restart_s', float('nan')):.1f}</td>"
+        f"<td>{c['memory']['after_load_gb'] or 0:.2f}</td><td>{c['memory']['peak_gb'] or 0:.2f}</td></tr>"
+        for c in configs)
+    path.write_text(f"""<!doctype html><html><head><meta charset="utf-8"><title>S1-mini benchmark</title>
+<style>body{{font-family:sans-serif;margin:2em}}td,th{{padding:4px 10px;border-bottom:1px solid #ddd}}</style></head>
+<body><h1>S1-mini Studio benchmark</h1>
+<p>{env['device']} · torch {env['torch']} · commit {env['commit']} · {env['date']}<br><code>{env['command']}</code></p>
+<table><tr><th>config</th><th>frames/s</th><th>TTFA p50 ms</th><th>prefill ms</th><th>codec ms/audio s</th>
+<th>cold compile s</th><th>warm restart s</th><th>mem after load GB</th><th>mem peak GB</th></tr>{rows}</table>
+<img src="data:image/png;base64,{image}"><pre>{json.dumps(report, indent=2)}</pre></body></html>""")
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    base = {k: getattr(args, k) for k in ("weights", "checkpoint", "device", "precision", "compile", "quantize")}
+    if args.phase == "startup":
+        print(json.dumps(startup_phase(base, args.cache_dir)))
+        return 0
+    configs = [("base", base)]
+    for spec in args.compare:
+        changes = dict(item.split("=", 1) for item in spec.split(","))
+        configs.append((spec, {**base, **changes}))
+    results = []
+    for name, settings in configs:
+        result = {"name": name, "settings": settings, **measure_in_process(settings, args)}
+        if not args.skip_startup:
+            result["startup"] = measure_startup(settings)
+        results.append(result)
+    first = results[0]
+    report = {"environment": environment(), **{k: first[k] for k in ("single_stream", "codec", "latency_ms", "memory")},
+              "startup": first.get("startup", {}), "device": environment()["device"],
+              "torch": environment()["torch"], "commit": environment()["commit"], "configurations": results}
+    print_table(results)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(report, indent=2))
+    if args.html:
+        args.html.parent.mkdir(parents=True, exist_ok=True)
+        write_html(args.html, report)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

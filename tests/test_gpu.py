@@ -1,0 +1,84 @@
+"""GPU fast paths against the plain eager path (run on a CUDA machine; skipped elsewhere)."""
+
+import pytest
+import torch
+
+from engine.compilation import CompilePolicy
+from engine.config import EngineConfig
+from engine.loader import load_models
+from engine.model.dual_ar import TokenLayout
+from engine.model.loading import load_dual_ar
+from engine.runtime.generate import generate
+from engine.runtime.kv_cache import KVCache
+from engine.runtime.sampling import SamplingTensors
+from engine.runtime.step_runner import StepRunner
+
+pytestmark = pytest.mark.gpu
+
+EAGER = CompilePolicy(False, False, "test: plain eager")
+EAGER_GRAPHS = CompilePolicy(False, True, "test: eager step in CUDA graphs")
+COMPILED_GRAPHS = CompilePolicy(True, True, "test: compiled step in CUDA graphs")
+SETTINGS = [(1.0, 1e-6, 1.0, 0), (0.8, 0.8, 1.2, 5)]  # greedy, and sampled with a penalty
+
+
+@pytest.fixture(scope="module")
+def tiny_model(s1_dir, s1_expected):
+    ids = s1_expected["special_ids"]
+    layout = TokenLayout(ids["semantic_begin"], ids["semantic_end"], ids["im_end"])
+    return load_dual_ar(s1_dir, layout, "cuda", torch.float32)
+
+
+def new_cache(model, slots=1):
+    c = model.config
+    w = model.output.weight
+    return KVCache(c.n_layer, slots, c.n_local_heads, c.max_seq_len, c.head_dim, w.dtype, w.device)
+
+
+def run(runner, prompt, setting, frames=40):
+    t, top_p, rp, seed = setting
+    blocks = runner.generate(prompt, temperature=t, top_p=top_p, repetition_penalty=rp, noise_key=seed,
+                             max_new_tokens=frames, stop_at_end=False)
+    return torch.cat(list(blocks), dim=1)
+
+
+@pytest.mark.parametrize("setting", SETTINGS)
+def test_graphed_step_matches_plain_generation(tiny_model, s1_expected, setting):
+    prompt = s1_expected["prompt_b"].cuda()
+    t, top_p, rp, seed = setting
+    plain = generate(tiny_model, prompt, SamplingTensors.build([t], [top_p], [rp], [seed], "cuda"),
+                     max_new_tokens=30, cache=new_cache(tiny_model))
+    runner = StepRunner(tiny_model, new_cache(tiny_model), EAGER_GRAPHS, exact_vocab=True)
+    runner.prepare()
+    graphed = run(runner, prompt.long(), setting, frames=plain.tokens.shape[1])
+    assert torch.equal(graphed, plain.tokens.long())
+
+
+@pytest.mark.parametrize("setting", SETTINGS)
+def test_compiled_graphed_step_matches_eager_step(tiny_model, s1_expected, setting):
+    prompt = s1_expected["prompt_b"].long().cuda()
+    eager = run(StepRunner(tiny_model, new_cache(tiny_model), EAGER), prompt, setting)
+    runner = StepRunner(tiny_model, new_cache(tiny_model), COMPILED_GRAPHS)
+    runner.prepare()
+    assert torch.equal(run(runner, prompt, setting), eager)
+
+
+def test_full_size_bf16_compiled_logits_close_to_eager():
+    """Full-size random weights in bf16: one compiled slow step + head against eager, same inputs."""
+    models = load_models(EngineConfig(random_weights=True, device="cuda", precision="bf16"))
+    model = models.model
+    runner = StepRunner(model, new_cache(model), EAGER)
+    prompt = torch.randint(0, 4000, (11, 64), device="cuda")
+    prompt[1:] = prompt[1:] % 1024
+
+    def step_logits(columns, positions, key_positions):
+        hidden = model.forward_slow(columns, runner.cache.views(positions, key_positions))
+        return runner.head.logits(hidden)
+
+    with torch.inference_mode():
+        runner.prefill(0, prompt)
+        args = (prompt[None, :, -1:], torch.tensor([[63]], device="cuda"), torch.arange(256, device="cuda"))
+        eager = step_logits(*args)
+        compiled = torch.compile(step_logits, fullgraph=True)(*args)
+    scale = eager.abs().max()
+    assert (compiled.float() - eager.float()).abs().max() <= 0.02 * scale
+    assert (compiled.argmax(-1) == eager.argmax(-1)).all()
