@@ -65,7 +65,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--quantize", choices=QUANTIZE_MODES,
         help="weight-only quantization of the transformer [S1_MINI_QUANTIZE; default none]",
     )
-    model.add_argument("--max-batch-size", type=int, help="requests decoded together on the GPU [S1_MINI_MAX_BATCH_SIZE; default 8]")
+    model.add_argument(
+        "--max-batch-size", type=int, help="requests decoded together on the GPU [S1_MINI_MAX_BATCH_SIZE; default 8]"
+    )
     model.add_argument(
         "--max-text-length", type=int,
         help="characters per request, 0 = no limit [S1_MINI_MAX_TEXT_LENGTH; default 2000]",
@@ -153,7 +155,9 @@ def plan_server(args, environ) -> ServerPlan:
     if share and environ.get("SPACE_ID"):
         reasons.append("share link skipped: Hugging Face Spaces already serves the app publicly")
         share = False
-    reasons.append("API key required on every route but /health" if api_key else "no API key: open to anyone who can reach it")
+    reasons.append(
+        "API key required on every route but /health" if api_key else "no API key: open to anyone who can reach it"
+    )
     return ServerPlan(host, port, root or "", api_key, share, tuple(reasons))
 
 
@@ -195,7 +199,9 @@ def check_port_free(host: str, port: int):
         try:
             s.bind((host, port))
         except OSError as e:
-            raise SystemExit(f"cannot listen on {host}:{port}: {e.strerror}. Pick another port, e.g. --listen {host}:{port + 1}")
+            raise SystemExit(
+                f"cannot listen on {host}:{port}: {e.strerror}. Pick another port, e.g. --listen {host}:{port + 1}"
+            ) from None
 
 
 def main(argv=None) -> int:
@@ -270,7 +276,8 @@ def serve(config, plan: ServerPlan) -> int:
         start_share_link(shown_host, plan.port)
     try:
         # No access log: the UI polls the queue several times a second; /metrics counts API requests.
-        uvicorn.run(app, host=plan.host, port=plan.port, log_config=None, access_log=False)
+        # Open UI event streams must not hold up Ctrl+C / SIGTERM for long.
+        uvicorn.run(app, host=plan.host, port=plan.port, log_config=None, access_log=False, timeout_graceful_shutdown=3)
     finally:
         engine.close()
     return 0

@@ -54,9 +54,13 @@ class SamplingFields(BaseModel):
 
     chunk_length: int = _range(P.CHUNK_LENGTH_RANGE, "characters of text per chunk", default=_DEFAULTS.chunk_length)
     seed: int | None = Field(default=None, description="Fixed seed for repeatable output; none = random.")
-    max_new_tokens: int = _range(P.MAX_NEW_TOKENS_RANGE, "frames to generate at most, 0 = no limit", default=_DEFAULTS.max_new_tokens)
+    max_new_tokens: int = _range(
+        P.MAX_NEW_TOKENS_RANGE, "frames per text chunk at most, 0 = no limit", default=_DEFAULTS.max_new_tokens
+    )
     top_p: float = _range(P.TOP_P_RANGE, "nucleus sampling", default=_DEFAULTS.top_p)
-    repetition_penalty: float = _range(P.REPETITION_PENALTY_RANGE, "repetition penalty", default=_DEFAULTS.repetition_penalty)
+    repetition_penalty: float = _range(
+        P.REPETITION_PENALTY_RANGE, "repetition penalty", default=_DEFAULTS.repetition_penalty
+    )
     temperature: float = _range(P.TEMPERATURE_RANGE, "sampling temperature", default=_DEFAULTS.temperature)
     normalize: bool = Field(default=True, description="Accepted for compatibility; text is used as given.")
     use_memory_cache: Literal["on", "off"] = Field(
@@ -97,7 +101,9 @@ class SpeechRequest(SamplingFields):
 
     model: str = Field(default="s1-mini", description="Accepted for compatibility; one model is served.")
     input: str = Field(description="Text to speak.")
-    voice: str = Field(default="default", description="A saved voice id, or an OpenAI voice name for the default voice.")
+    voice: str = Field(
+        default="default", description="A saved voice id, or an OpenAI voice name for the default voice."
+    )
     response_format: Literal["mp3", "opus", "flac", "wav", "pcm"] = "mp3"
     speed: float = Field(default=1.0, ge=0.25, le=4.0, description="Only 1.0 is supported.")
     stream: bool = Field(default=False, description="Send audio as it is produced.")

@@ -28,13 +28,13 @@ def media_type(request: Request) -> str:
     return request.headers.get("content-type", "").split(";")[0].strip().lower()
 
 
-def describe(error: ValidationError) -> str:
+def describe(errors) -> str:
     """`temperature: Input should be less than or equal to 1` rather than pydantic's dump."""
     parts = []
-    for item in error.errors():
-        where = ".".join(str(p) for p in item["loc"]) or "body"
-        parts.append(f"{where}: {item['msg']}")
-    return "; ".join(parts)
+    for item in errors:
+        where = ".".join(str(p) for p in item.get("loc", ()) if p != "body") or "body"
+        parts.append(f"{where}: {item.get('msg', 'invalid')}")
+    return "; ".join(parts) or "invalid request"
 
 
 def validate(model: type[M], data) -> M:
@@ -43,7 +43,7 @@ def validate(model: type[M], data) -> M:
     try:
         return model.model_validate(data)
     except ValidationError as e:
-        raise HTTPProblem(422, describe(e)) from None
+        raise HTTPProblem(422, describe(e.errors())) from None
 
 
 async def read_body(request: Request, model: type[M]) -> M:
@@ -88,6 +88,6 @@ async def _form_fields(request: Request) -> dict:
         )
     if audios:
         data["references"] = [
-            {"audio": await read_upload(a), "text": t} for a, t in zip(audios, texts)
+            {"audio": await read_upload(a), "text": t} for a, t in zip(audios, texts, strict=True)
         ]
     return data

@@ -31,13 +31,16 @@ class Metrics:
             f"{PREFIX}_requests", "Finished requests by route and HTTP status.", ["route", "status"], registry=r
         )
         self.errors = Counter(
-            f"{PREFIX}_request_errors", "Failed requests by kind (client, busy, internal).", ["route", "kind"], registry=r
+            f"{PREFIX}_request_errors", "Failed requests by kind (client, busy, internal).", ["route", "kind"],
+            registry=r,
         )
         self.ttfa = Histogram(
-            f"{PREFIX}_time_to_first_audio_seconds", "Request start to first audio chunk.", buckets=_LATENCY_BUCKETS, registry=r
+            f"{PREFIX}_time_to_first_audio_seconds", "Request start to first audio chunk.",
+            buckets=_LATENCY_BUCKETS, registry=r,
         )
         self.rtf = Histogram(
-            f"{PREFIX}_real_time_factor", "Compute seconds per audio second (lower is faster).", buckets=_RTF_BUCKETS, registry=r
+            f"{PREFIX}_real_time_factor", "Compute seconds per audio second (lower is faster).",
+            buckets=_RTF_BUCKETS, registry=r,
         )
         self.audio_seconds = Counter(f"{PREFIX}_audio_seconds", "Audio produced, in seconds.", registry=r)
         self.queue_depth = Gauge(f"{PREFIX}_requests_waiting", "Requests waiting for the engine.", registry=r)

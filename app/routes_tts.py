@@ -19,7 +19,7 @@ from engine.params import SamplingParams
 
 from .api_schema import BatchTTSRequest, SpeechRequest, TTSRequest, VoiceFields
 from .audio_out import audio_response, check_streamable, streaming_audio_response
-from .body import BODY_TYPES, JSON, MSGPACK, read_body, validate
+from .body import BODY_TYPES, JSON, MSGPACK, read_body
 from .bridge import iterate_in_thread
 from .errors import HTTPProblem, problem_for
 from .openapi import request_body

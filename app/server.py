@@ -83,7 +83,7 @@ def _add_error_handlers(app: FastAPI):
 
     @app.exception_handler(RequestValidationError)
     async def invalid_request(request: Request, exc: RequestValidationError):
-        return respond(request, Problem(422, _validation_message(exc)))
+        return respond(request, Problem(422, describe(exc.errors())))
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException):
@@ -97,14 +97,6 @@ def _add_error_handlers(app: FastAPI):
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception):
         return respond(request, problem_for(exc))
-
-
-def _validation_message(exc: RequestValidationError) -> str:
-    parts = []
-    for item in exc.errors():
-        where = ".".join(str(p) for p in item.get("loc", ()) if p != "body") or "body"
-        parts.append(f"{where}: {item.get('msg', 'invalid')}")
-    return "; ".join(parts) or "invalid request"
 
 
 class _RequestMetrics:

@@ -51,7 +51,9 @@ def _sampling_controls(max_new_tokens: int) -> list[gr.components.Component]:
             "Frames per text chunk (21.5 per second of audio); 0 = no limit",
         ),
         slider("Chunk length", P.CHUNK_LENGTH_RANGE, (100, 400), 8, 300, "Characters of text per chunk"),
-        gr.Number(label="Seed", value=0, precision=0, minimum=P.SEED_RANGE[0], maximum=P.SEED_RANGE[1], info="0 = random"),
+        gr.Number(
+            label="Seed", value=0, precision=0, minimum=P.SEED_RANGE[0], maximum=P.SEED_RANGE[1], info="0 = random"
+        ),
     ]
 
 
@@ -92,7 +94,9 @@ def build_ui(synth: Synthesizer, settings: AppSettings, metrics: Metrics) -> gr.
                     voice = voice_dropdown("Voice", "speak-voice")
                     generate = gr.Button("Generate", variant="primary", elem_id="generate", scale=0)
                 if settings.stream_ui_audio:
-                    audio = gr.Audio(label="Speech", streaming=True, autoplay=True, interactive=False, elem_id="speak-audio")
+                    audio = gr.Audio(
+                        label="Speech", streaming=True, autoplay=True, interactive=False, elem_id="speak-audio"
+                    )
                 else:
                     audio = gr.Audio(label="Speech", interactive=False, elem_id="speak-audio")
                     gr.Markdown("ffmpeg was not found, so audio plays when it is complete instead of streaming.")
@@ -141,7 +145,10 @@ def build_ui(synth: Synthesizer, settings: AppSettings, metrics: Metrics) -> gr.
                 with gr.Row():
                     batch_voice = voice_dropdown("Voice", "batch-voice")
                     batch_btn = gr.Button("Generate all", variant="primary", scale=0, elem_id="batch-run")
-                table = gr.Dataframe(headers=BATCH_HEADERS, label="Results (click a row to play it)", interactive=False)
+                table = gr.Dataframe(
+                    headers=BATCH_HEADERS, label="Results (click a row to play it)", interactive=False,
+                    elem_id="batch-table",
+                )
                 item_audio = gr.Audio(label="Selected item", interactive=False)
                 archive = gr.File(label="All files (zip)", interactive=False)
                 item_paths = gr.State([])
@@ -153,7 +160,9 @@ def build_ui(synth: Synthesizer, settings: AppSettings, metrics: Metrics) -> gr.
             with gr.Tab("System", id="system"):
                 system = gr.Markdown(h.system_markdown(), label="System", elem_id="system-stats")
                 refresh = gr.Button("Refresh")
-                gr.Timer(5).tick(h.system_markdown, outputs=system, queue=False, show_progress="hidden", api_visibility="private")
+                gr.Timer(5).tick(
+                    h.system_markdown, outputs=system, queue=False, show_progress="hidden", api_visibility="private"
+                )
 
         # ----- wiring -----
         gpu = {"concurrency_limit": settings.ui_concurrency, "concurrency_id": "engine"}

@@ -222,11 +222,12 @@ class Handlers:
         params = sampling_params(temperature, top_p, repetition_penalty, max_new_tokens, chunk_length, seed)
         progress((0, len(texts)), desc="Generating", unit="texts")
         results = self.synth.batch(
-            texts, speaker, params, progress=lambda done, total: progress((done, total), desc="Generating", unit="texts")
+            texts, speaker, params,
+            progress=lambda done, total: progress((done, total), desc="Generating", unit="texts"),
         )
         run = self.outputs.new_run()
         rows, paths = [], []
-        for i, (text, result) in enumerate(zip(texts, results), start=1):
+        for i, (text, result) in enumerate(zip(texts, results, strict=True), start=1):
             if isinstance(result, SynthesisResult):
                 data = encode_audio(result.audio, result.sample_rate, "wav")
                 path = write_file(run, f"{i:03d}_{_safe_name(text)}.wav", data)
@@ -267,4 +268,4 @@ class Handlers:
             ("Requests served", s.get("requests_total")),
             ("Ready", "yes" if self.synth.engine.is_ready else "warming up"),
         ]
-        return "| | |\n|---|---|\n" + "\n".join(f"| {k} | {v} |" for k, v in rows)
+        return "| Engine | Now |\n|---|---|\n" + "\n".join(f"| {k} | {v} |" for k, v in rows)

@@ -8,6 +8,7 @@ import threading
 import httpx
 import pytest
 from gradio_client import Client
+from gradio_client.exceptions import AuthenticationError
 
 from tests.test_app_support import FAST, DemoServer, assert_audio, error_message
 
@@ -49,7 +50,9 @@ def test_health_needs_no_key(http, path):
     assert http.get(path).status_code == 200
 
 
-@pytest.mark.parametrize("headers", [{}, {"authorization": "Bearer wrong"}, {"authorization": KEY}], ids=["none", "wrong", "no-scheme"])
+@pytest.mark.parametrize(
+    "headers", [{}, {"authorization": "Bearer wrong"}, {"authorization": KEY}], ids=["none", "wrong", "no-scheme"]
+)
 @pytest.mark.parametrize("method, path", PROTECTED, ids=[p for _, p in PROTECTED])
 def test_routes_refuse_a_missing_or_wrong_key(http, method, path, headers):
     r = http.request(method, path, headers=headers, json={"text": "hi"})
@@ -68,9 +71,9 @@ def test_right_key_opens_the_api(http):
 
 
 def test_ui_needs_a_login_with_the_key(server):
-    with pytest.raises(Exception):
+    with pytest.raises(AuthenticationError, match="Please login"):
         Client(server.url, verbose=False, download_files=False)
-    with pytest.raises(Exception):
+    with pytest.raises(ValueError, match="Could not login"):
         Client(server.url, auth=("anyone", "wrong"), verbose=False, download_files=False)
     client = Client(server.url, auth=("anyone", KEY), verbose=False, download_files=False)
     assert "/speak" in client.view_api(print_info=False, return_format="dict")["named_endpoints"]

@@ -13,7 +13,14 @@ from gradio_client.exceptions import AppError
 
 from tests.test_app_support import DemoServer, assert_audio, reference_clip_wav
 
-SAMPLING = {"temperature": 0.8, "top_p": 0.8, "repetition_penalty": 1.1, "max_new_tokens": 16, "chunk_length": 100, "seed": 5}
+SAMPLING = {
+    "temperature": 0.8,
+    "top_p": 0.8,
+    "repetition_penalty": 1.1,
+    "max_new_tokens": 16,
+    "chunk_length": 100,
+    "seed": 5,
+}
 ENDPOINTS = {
     "/speak": ["text", "voice", "reference_audio", "reference_text", *SAMPLING],
     "/preview_voice": ["reference_audio", "reference_text", "preview_text", *SAMPLING],
@@ -84,7 +91,9 @@ def test_speak_with_the_uploaded_reference(client, clip):
 
 
 def test_preview_voice(client, clip):
-    path = client.predict(handle_file(clip), "a gliding tone", "Preview sentence.", **SAMPLING, api_name="/preview_voice")
+    path = client.predict(
+        handle_file(clip), "a gliding tone", "Preview sentence.", **SAMPLING, api_name="/preview_voice"
+    )
     assert_audio(Path(path).read_bytes())
 
 

@@ -15,8 +15,21 @@ import pytest
 import launch
 from tests.test_app_support import ROOT
 
-FLAGS = ["--checkpoint", "--demo", "--device", "--precision", "--compile", "--no-compile", "--quantize", "--listen",
-         "--root-path", "--api-key", "--share", "--max-batch-size", "--max-text-length"]
+FLAGS = [
+    "--checkpoint",
+    "--demo",
+    "--device",
+    "--precision",
+    "--compile",
+    "--no-compile",
+    "--quantize",
+    "--listen",
+    "--root-path",
+    "--api-key",
+    "--share",
+    "--max-batch-size",
+    "--max-text-length",
+]
 
 
 def parse(*argv):
@@ -25,7 +38,11 @@ def parse(*argv):
 
 def run_launch(*argv, env=None, timeout=60) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "launch.py", *argv], cwd=ROOT, capture_output=True, text=True, timeout=timeout,
+        [sys.executable, "launch.py", *argv],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
         env={**os.environ, **(env or {})},
     )
 
@@ -34,16 +51,34 @@ def test_help_explains_every_flag_and_its_variable():
     out = run_launch("--help").stdout
     for flag in FLAGS:
         assert flag in out, flag
-    for variable in ("S1_MINI_CHECKPOINT", "S1_MINI_DEMO", "S1_MINI_DEVICE", "S1_MINI_PRECISION", "S1_MINI_COMPILE",
-                     "S1_MINI_QUANTIZE", "S1_MINI_LISTEN", "GRADIO_SERVER_NAME", "S1_MINI_ROOT_PATH", "S1_MINI_API_KEY",
-                     "S1_MINI_SHARE", "S1_MINI_MAX_BATCH_SIZE", "S1_MINI_MAX_TEXT_LENGTH", "RUNPOD_POD_ID"):
+    for variable in (
+        "S1_MINI_CHECKPOINT",
+        "S1_MINI_DEMO",
+        "S1_MINI_DEVICE",
+        "S1_MINI_PRECISION",
+        "S1_MINI_COMPILE",
+        "S1_MINI_QUANTIZE",
+        "S1_MINI_LISTEN",
+        "GRADIO_SERVER_NAME",
+        "S1_MINI_ROOT_PATH",
+        "S1_MINI_API_KEY",
+        "S1_MINI_SHARE",
+        "S1_MINI_MAX_BATCH_SIZE",
+        "S1_MINI_MAX_TEXT_LENGTH",
+        "RUNPOD_POD_ID",
+    ):
         assert variable in out, variable
 
 
 @pytest.mark.parametrize(
     "text, expected",
-    [("127.0.0.1:7860", ("127.0.0.1", 7860)), ("0.0.0.0:80", ("0.0.0.0", 80)), ("[::1]:9000", ("::1", 9000)),
-     (":8000", ("127.0.0.1", 8000)), ("localhost:7861", ("localhost", 7861))],
+    [
+        ("127.0.0.1:7860", ("127.0.0.1", 7860)),
+        ("0.0.0.0:80", ("0.0.0.0", 80)),
+        ("[::1]:9000", ("::1", 9000)),
+        (":8000", ("127.0.0.1", 8000)),
+        ("localhost:7861", ("localhost", 7861)),
+    ],
 )
 def test_parse_listen(text, expected):
     assert launch.parse_listen(text) == expected
@@ -64,7 +99,9 @@ def test_gradio_variables_are_honoured_and_flags_win():
     env = {"GRADIO_SERVER_NAME": "0.0.0.0", "GRADIO_SERVER_PORT": "8080", "GRADIO_ROOT_PATH": "/tts"}
     plan = launch.plan_server(parse(), env)
     assert (plan.host, plan.port, plan.root_path) == ("0.0.0.0", 8080, "/tts")
-    plan = launch.plan_server(parse("--listen", "127.0.0.1:9000", "--root-path", "/x"), {**env, "S1_MINI_LISTEN": "1.2.3.4:1"})
+    plan = launch.plan_server(
+        parse("--listen", "127.0.0.1:9000", "--root-path", "/x"), {**env, "S1_MINI_LISTEN": "1.2.3.4:1"}
+    )
     assert (plan.host, plan.port, plan.root_path) == ("127.0.0.1", 9000, "/x")
     assert launch.plan_server(parse(), {**env, "S1_MINI_LISTEN": "0.0.0.0:7000"}).port == 7000
 
@@ -84,7 +121,10 @@ def test_space_listens_everywhere_on_7860():
 def test_runpod_keeps_caches_on_the_workspace_volume(tmp_path):
     env = {"RUNPOD_POD_ID": "abc123", "HF_HOME": "/mine"}
     found = launch.runpod_storage_defaults(env, workspace=str(tmp_path))
-    assert found == {"S1_MINI_CACHE_DIR": f"{tmp_path}/s1-mini/cache", "S1_MINI_VOICES_DIR": f"{tmp_path}/s1-mini/voices"}
+    assert found == {
+        "S1_MINI_CACHE_DIR": f"{tmp_path}/s1-mini/cache",
+        "S1_MINI_VOICES_DIR": f"{tmp_path}/s1-mini/voices",
+    }
     assert launch.runpod_storage_defaults({}, workspace=str(tmp_path)) == {}
     assert launch.runpod_storage_defaults(env, workspace=str(tmp_path / "missing")) == {}
 
@@ -101,7 +141,9 @@ def test_engine_settings_from_flags_then_environment():
     assert (config.demo, config.precision, config.compile, config.max_text_length) == (True, "fp16", "off", 50)
     config = launch.engine_config(parse("--precision", "bf16", "--compile", "--max-text-length", "9"), env)
     assert (config.precision, config.compile, config.max_text_length) == ("bf16", "on", 9)
-    config = launch.engine_config(parse("--no-compile", "--quantize", "int8", "--max-batch-size", "4", "--device", "cpu"), {})
+    config = launch.engine_config(
+        parse("--no-compile", "--quantize", "int8", "--max-batch-size", "4", "--device", "cpu"), {}
+    )
     assert (config.compile, config.quantize, config.max_batch_size, config.device) == ("off", "int8", 4, "cpu")
     assert launch.engine_config(parse(), {}).compile == "auto"
 
@@ -151,12 +193,15 @@ OFFLINE_CHECK = textwrap.dedent(
 )
 
 
-@pytest.mark.skipif(shutil.which("unshare") is None or shutil.which("ip") is None, reason="needs unshare and ip (util-linux, iproute2)")
+@pytest.mark.skipif(
+    shutil.which("unshare") is None or shutil.which("ip") is None, reason="needs unshare and ip (util-linux, iproute2)"
+)
 def test_demo_starts_and_speaks_with_no_network_at_all():
     command = f"ip link set lo up && exec {sys.executable} -c '{OFFLINE_CHECK}'"
     try:
-        result = subprocess.run(["unshare", "--net", "sh", "-c", command], cwd=ROOT, capture_output=True, text=True,
-                                timeout=180)
+        result = subprocess.run(
+            ["unshare", "--net", "sh", "-c", command], cwd=ROOT, capture_output=True, text=True, timeout=180
+        )
     except PermissionError:
         pytest.skip("not allowed to create a network namespace here")
     if "Operation not permitted" in result.stderr and "OFFLINE-OK" not in result.stdout:

@@ -19,14 +19,22 @@ CHROMIUM = os.environ.get("S1_CHROMIUM") or shutil.which("chromium") or "/usr/bi
 ARTIFACTS = Path(__file__).resolve().parent.parent / "_artifacts"
 GENERATION_TIMEOUT_MS = 90_000
 
-sync_api = pytest.importorskip("playwright.sync_api", reason="pip install playwright (browser tests drive Chromium with it)")
+sync_api = pytest.importorskip(
+    "playwright.sync_api", reason="pip install playwright (browser tests drive Chromium with it)"
+)
 if not Path(CHROMIUM).is_file():
     pytest.skip(f"Chromium not found at {CHROMIUM}: apt-get install chromium", allow_module_level=True)
 
 # The machine has no outside network: keep Chromium from trying to reach Google's services.
 CHROMIUM_ARGS = [
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
     "--autoplay-policy=no-user-gesture-required",
 ]
 
@@ -58,10 +66,8 @@ def page(browser, server):
 def test_type_generate_and_play(page, server):
     page.fill("#speak-text textarea", "Hello from a real browser. This is the S1-mini Studio.")
     page.click("#generate")
-    page.wait_for_function(
-        "document.querySelector('#speak-stats') && document.querySelector('#speak-stats').innerText.includes('Real-time factor')",
-        timeout=GENERATION_TIMEOUT_MS,
-    )
+    stats = page.locator("#speak-stats")
+    stats.get_by_text("Real-time factor").wait_for(timeout=GENERATION_TIMEOUT_MS)
     # The player holds audio the browser can decode (buffered, with a duration) and can start it.
     page.wait_for_function(
         "(() => { const a = document.querySelector('#speak-audio audio');"
