@@ -190,7 +190,7 @@ class Attention(nn.Module):
         visible = kv.key_positions <= kv.positions[:, None, :, None]
         visible = visible.expand(bsz, group, seqlen, kv_len).reshape(bsz, 1, group * seqlen, kv_len)
         out = F.scaled_dot_product_attention(q, keys, values, attn_mask=visible)
-        out = out.view(bsz, self.n_head, seqlen, self.head_dim).transpose(1, 2)
+        out = out.reshape(bsz, self.n_head, seqlen, self.head_dim).transpose(1, 2)
         return self.wo(out.reshape(bsz, seqlen, q_size))
 
 
