@@ -195,7 +195,8 @@ def check_port_free(host: str, port: int):
     """Fail in a second, not after loading the model, when the port is taken."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if os.name != "nt":  # as uvicorn does; on Windows SO_REUSEADDR would let a taken port pass
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
         except OSError as e:

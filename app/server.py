@@ -6,8 +6,6 @@ that nothing else matched.
 
 from __future__ import annotations
 
-import logging
-
 import gradio as gr
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -22,15 +20,12 @@ from .auth import UI_LOGIN_MESSAGE, ApiKeyGuard
 from .body import describe
 from .errors import HTTPProblem, Problem, error_body, problem_for
 from .metrics import Metrics
+from .middleware import BodySizeLimit, RequestMetrics
 from .service import Synthesizer
 from .settings import AppSettings
 from .ui import CSS_PATH, build_ui
 
-log = logging.getLogger("app")
-
 OPENAI_PREFIX = "/v1/audio/"
-# Low-cardinality route labels: only our own routes are counted, not Gradio's polling.
-_COUNTED_PREFIXES = ("/v1/", "/health", "/ready", "/metrics")
 
 
 def create_app(engine, settings: AppSettings | None = None) -> FastAPI:
@@ -48,10 +43,9 @@ def create_app(engine, settings: AppSettings | None = None) -> FastAPI:
         openapi_url=None,
         root_path=api_root,
     )
-    app.state.engine = engine
-    app.state.metrics = metrics
     _add_error_handlers(app)
-    app.add_middleware(_RequestMetrics, metrics=metrics)
+    app.add_middleware(RequestMetrics, metrics=metrics)
+    app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_mb * 2**20)
     _add_docs(app, guard)
 
     protected = [Depends(guard)]
@@ -71,6 +65,7 @@ def create_app(engine, settings: AppSettings | None = None) -> FastAPI:
         show_error=True,
         css_paths=[CSS_PATH] if CSS_PATH.is_file() else None,
         footer_links=["api", "gradio", "settings"],
+        max_file_size=f"{settings.max_body_mb}mb",
     )
     guard.ui_login_check = _gradio_login_check(app)
     return app
@@ -89,42 +84,12 @@ def _add_error_handlers(app: FastAPI):
     async def http_error(request: Request, exc: StarletteHTTPException):
         return respond(request, Problem(exc.status_code, str(exc.detail), dict(exc.headers or {})))
 
-    @app.exception_handler(HTTPProblem)
-    @app.exception_handler(S1Error)
-    async def known_error(request: Request, exc: Exception):
+    async def mapped(request: Request, exc: Exception):
         return respond(request, problem_for(exc))
 
-    @app.exception_handler(Exception)
-    async def unexpected(request: Request, exc: Exception):
-        return respond(request, problem_for(exc))
-
-
-class _RequestMetrics:
-    """Counts our own routes by path template and status (plain ASGI: streams pass untouched)."""
-
-    def __init__(self, app, metrics: Metrics):
-        self.app = app
-        self.metrics = metrics
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        status = 500  # stays so if the app raises before answering
-
-        async def send_and_note(message):
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
-            await send(message)
-
-        try:
-            await self.app(scope, receive, send_and_note)
-        finally:
-            path = getattr(scope.get("route"), "path", None)  # set by the router when it matched
-            if path and path.startswith(_COUNTED_PREFIXES):
-                kind = None if status < 400 else Problem(status, "").kind
-                self.metrics.observe_request(path, status, kind)
+    # Exception last: Starlette answers it from its outermost layer and logs the traceback.
+    for exc_type in (HTTPProblem, S1Error, Exception):
+        app.add_exception_handler(exc_type, mapped)
 
 
 def _add_docs(app: FastAPI, guard: ApiKeyGuard):

@@ -13,6 +13,7 @@ class AppSettings:
     root_path: str = ""  # public URL or sub-path the app is served under (proxies, RunPod)
     max_batch_items: int = 100  # texts per /v1/tts/batch request or UI batch run
     ui_concurrency: int = 8  # UI generations in flight at once; the engine batches them
+    max_body_mb: int = 64  # API request bodies and UI uploads (reference clips, batch files)
     # Gradio's streaming audio output runs ffmpeg per stream; without it the UI plays whole clips.
     stream_ui_audio: bool = field(default_factory=ffmpeg_available)
     title: str = "S1-mini Studio"
@@ -20,5 +21,5 @@ class AppSettings:
     def __post_init__(self):
         if self.api_key is not None and not self.api_key.strip():
             raise ValueError("api_key must not be blank; leave it unset to disable auth")
-        if self.max_batch_items < 1 or self.ui_concurrency < 1:
-            raise ValueError("max_batch_items and ui_concurrency must be at least 1")
+        if min(self.max_batch_items, self.ui_concurrency, self.max_body_mb) < 1:
+            raise ValueError("max_batch_items, ui_concurrency and max_body_mb must be at least 1")
