@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import inspect
-import logging
 import re
 
 import gradio as gr
@@ -21,8 +20,6 @@ from .metrics import Metrics
 from .outputs import OutputDir, write_file, zip_files
 from .service import StreamStats, Synthesizer, Voice
 from .settings import AppSettings
-
-log = logging.getLogger("app")
 
 # Dropdown values that cannot clash with a voice id (ids allow letters, digits, space, - and _).
 NO_VOICE = "<none>"
