@@ -60,7 +60,9 @@ def uniform_noise(noise_key: Tensor, counter: Tensor, n: int) -> Tensor:
     would be 0 and the exponential race would divide by zero)."""
     base = _mix32((noise_key ^ _mix32(counter & _MASK32)) & _MASK32)
     columns = torch.arange(n, device=noise_key.device, dtype=torch.int64)
-    bits = _mix32((base[:, None] + columns * 0x9E3779B9) & _MASK32)
+    # Two rounds over (base + column): no multiply on the column index, which compiled kernels may
+    # compute in 32-bit arithmetic.
+    bits = _mix32(_mix32((base[:, None] + columns) & _MASK32))
     return ((bits >> 9).float() + 0.5) * (1.0 / (1 << 23))
 
 
