@@ -3,10 +3,12 @@ buttons make, with readable errors, and saved voices shared with the REST API.""
 
 from __future__ import annotations
 
+import sys
 import zipfile
 from pathlib import Path
 
 import httpx
+import numpy as np
 import pytest
 from gradio_client import Client, handle_file
 from gradio_client.exceptions import AppError
@@ -143,3 +145,17 @@ def test_system_shows_the_engine(client):
     text = client.predict(api_name="/system")
     for words in ("Device | cpu", "Precision | fp32", "Compile", "Queue depth", "Frames/s"):
         assert words in text
+
+
+def test_without_ffmpeg_the_ui_returns_whole_clips(tmp_path):
+    # As on a Windows machine without ffmpeg: PATH holds python only, so Gradio cannot stream.
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "python").symlink_to(sys.executable)
+    with DemoServer(tmp_path, env={"PATH": str(bin_dir)}) as server:
+        assert "ffmpeg not found" in server.log_tail()
+        client = Client(server.url, verbose=False)
+        audio, download, _ = client.predict("No ffmpeg here.", "<none>", None, "", **SAMPLING, api_name="/speak")
+        client.close()
+    assert not audio.endswith(".m3u8")
+    np.testing.assert_array_equal(assert_audio(Path(audio).read_bytes()), assert_audio(Path(download).read_bytes()))
