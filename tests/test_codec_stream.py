@@ -1,0 +1,306 @@
+"""Streaming codec decode (engine/model/codec_stream.py) against whole-utterance ModdedDAC.decode.
+
+Tolerances. fp32 streaming differs from fp32 whole decode only by rounding (different conv lengths pick
+different kernels and sum orders), but this decoder amplifies rounding: on the fixture codec a whole
+fp32 decode is itself ~6e-5 (max abs, audio peak ~1) away from a float64 decode. So besides an absolute
+bound, the fp32 tests check that streaming is no further from the float64 decode than whole fp32 is, and
+one test streams in float64, where only the codec's own fp32 islands (RoPE, RMSNorm) round.
+"""
+
+import copy
+import dataclasses
+
+import pytest
+import torch
+
+from engine.model.codec import load_codec, random_codec
+from engine.model.codec_config import CodecConfig
+from engine.model.codec_stream import StreamingDecoder, decode_chunked
+
+T = 120  # frames: longer than every window and receptive field of the test codecs
+FP32_ATOL = 1e-4  # stream vs whole, fp32 (measured <= 8e-5 on the fixture codec, <= 3.2e-5 random)
+AUDIO_ATOL = 2e-4  # fixtures README: decoded audio vs the reference
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    # The per-chunk ops are tiny: on a loaded CPU, waking OpenMP threads costs 50x the work itself.
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def random_codes(config: CodecConfig, batch: int, frames: int, seed: int = 0) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    sizes = [config.semantic_codebook_size] + [config.residual_codebook_size] * config.n_residual_codebooks
+    return torch.stack([torch.randint(0, n, (batch, frames), generator=gen) for n in sizes], dim=1)
+
+
+def max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    assert a.shape == b.shape and a.dtype == b.dtype == torch.float32, (a.shape, b.shape, a.dtype, b.dtype)
+    return (a - b).abs().max().item()
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a - b).norm() / b.norm()).item()
+
+
+def wider_config() -> CodecConfig:
+    """tiny(), with a longer transformer window (24), grouped-query attention and a 512-row table."""
+    tiny = CodecConfig.tiny()
+    qt = dataclasses.replace(tiny.quantizer_transformer, window_size=24, block_size=512, n_local_heads=2)
+    return dataclasses.replace(tiny, quantizer_transformer=qt)
+
+
+SCHEDULES = {
+    "ones": 1,
+    "threes": 3,
+    "sevens": 7,
+    "fifty": 50,
+    "one_big": T,
+    "primes": [2, 3, 5, 7, 11, 13, 17],
+    "random": torch.randint(1, 20, (40,), generator=torch.Generator().manual_seed(7)).tolist(),
+}
+
+
+@pytest.fixture(scope="module")
+def fixture_codec(codec_dir):
+    return load_codec(codec_dir / "codec.pth", CodecConfig.from_json(codec_dir / "config.json"))
+
+
+@pytest.fixture(scope="module")
+def wide_codec():
+    return random_codec(wider_config(), seed=5)
+
+
+class Whole:
+    """Whole decodes of one code sequence in fp32 and float64."""
+
+    def __init__(self, codec, codes):
+        self.codec, self.codes = codec, codes
+        self.codec64 = copy.deepcopy(codec).double()
+        with torch.inference_mode():
+            self.fp32 = codec.decode(codes)
+            self.fp64 = self.codec64.decode(codes)
+        self.fp32_vs_fp64 = max_diff(self.fp32, self.fp64)
+
+
+@pytest.fixture(scope="module")
+def fixture_whole(fixture_codec):
+    return Whole(fixture_codec, random_codes(fixture_codec.config, 1, T, seed=1))
+
+
+@pytest.fixture(scope="module")
+def wide_whole(wide_codec):
+    return Whole(wide_codec, random_codes(wide_codec.config, 1, T, seed=2))
+
+
+def check_fp32_stream(whole: Whole, schedule) -> float:
+    with torch.inference_mode():
+        audio = decode_chunked(whole.codec, whole.codes, schedule)
+    assert audio.shape == (1, 1, T * whole.codec.config.frame_length)
+    err = max_diff(audio, whole.fp32)
+    assert err <= FP32_ATOL, f"stream vs whole fp32: {err:.3g}"
+    # As close to the float64 decode as the whole fp32 decode is (rounding, not a streaming error).
+    err64 = max_diff(audio, whole.fp64)
+    assert err64 <= 2 * whole.fp32_vs_fp64, f"stream {err64:.3g} vs whole {whole.fp32_vs_fp64:.3g} from fp64"
+    return err
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES.values(), ids=SCHEDULES.keys())
+def test_fixture_codec_stream_equals_whole_decode(fixture_whole, schedule):
+    check_fp32_stream(fixture_whole, schedule)
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES.values(), ids=SCHEDULES.keys())
+def test_wide_window_gqa_codec_stream_equals_whole_decode(wide_whole, schedule):
+    check_fp32_stream(wide_whole, schedule)
+
+
+@pytest.mark.parametrize("schedule", [1, [2, 3, 5, 7, 11, 13, 17]], ids=["ones", "primes"])
+def test_float64_stream_equals_whole_decode(fixture_whole, wide_whole, schedule):
+    # Only the codec's fp32 islands round here: a cache or mask error would be >> 1e-3.
+    for whole in (fixture_whole, wide_whole):
+        with torch.inference_mode():
+            audio = decode_chunked(whole.codec64, whole.codes, schedule)
+        assert max_diff(audio, whole.fp64) <= 2e-5
+
+
+def test_stream_matches_reference_audio(fixture_codec, codec_expected):
+    codes = codec_expected["decode_codes"]
+    for schedule in (1, [5, 7]):
+        with torch.inference_mode():
+            audio = decode_chunked(fixture_codec, codes, schedule)
+        assert max_diff(audio, codec_expected["decode_audio"]) <= AUDIO_ATOL
+
+
+def test_unfused_weight_norm_codec_streams(codec_dir, fixture_codec, fixture_whole):
+    # The checkpoint layout (WNConv with g, v) streams like the fused one.
+    unfused = load_codec(codec_dir / "codec.pth", fixture_codec.config, for_inference=False)
+    codes = fixture_whole.codes[..., :40]
+    with torch.inference_mode():
+        audio = decode_chunked(unfused, codes, [3, 4])
+        whole = fixture_codec.decode(codes)
+    assert max_diff(audio, whole) <= FP32_ATOL
+
+
+def test_stream_past_rope_table_end_equals_codec_with_longer_table():
+    # block_size 64: a whole decode stops there; the stream goes on with rows of the same formula, so
+    # it equals a whole decode by the same weights with a 512-row table.
+    wide = wider_config()
+    short_qt = dataclasses.replace(wide.quantizer_transformer, block_size=64)
+    short = dataclasses.replace(wide, quantizer_transformer=short_qt)
+    short_codec, long_codec = random_codec(short, seed=5), random_codec(wide, seed=5)
+    codes = random_codes(wide, 1, 200, seed=3)
+    with torch.inference_mode():
+        with pytest.raises(ValueError, match="at most 64"):
+            short_codec.decode(codes)
+        whole = long_codec.decode(codes)
+        dec = StreamingDecoder(short_codec)
+        audio = torch.cat([dec.decode(codes[..., t : t + 9]) for t in range(0, 200, 9)], -1)
+    assert dec.frames == 200
+    assert max_diff(audio, whole) <= FP32_ATOL
+    # The tail (frames 150..199, all past row 64) carries the same signal, not a degraded one.
+    tail = slice(150 * wide.frame_length, None)
+    assert rel_err(audio[..., tail], whole[..., tail]) < 1e-4
+
+
+def test_reset_starts_an_independent_utterance(wide_codec):
+    a, b = random_codes(wide_codec.config, 1, 60, seed=10), random_codes(wide_codec.config, 1, 45, seed=11)
+    with torch.inference_mode():
+        fresh = decode_chunked(wide_codec, b, 4)
+        dec = StreamingDecoder(wide_codec)
+        for t in range(0, 60, 7):
+            dec.decode(a[..., t : t + 7])
+        carried = torch.cat([dec.decode(b[..., t : t + 4]) for t in range(0, 45, 4)], -1)
+        dec.reset()
+        assert dec.frames == 0
+        after_reset = torch.cat([dec.decode(b[..., t : t + 4]) for t in range(0, 45, 4)], -1)
+    assert torch.equal(after_reset, fresh)
+    # Without the reset the first utterance's state leaks in (so the state is really carried).
+    assert max_diff(carried, fresh) > 1e-2
+
+
+def test_batch_rows_are_independent(wide_codec):
+    codes = random_codes(wide_codec.config, 3, 50, seed=12)
+    with torch.inference_mode():
+        whole = wide_codec.decode(codes)
+        batched = decode_chunked(wide_codec, codes, [1, 6, 4])
+        rows = [decode_chunked(wide_codec, codes[i : i + 1], [1, 6, 4]) for i in range(3)]
+    assert max_diff(batched, whole) <= FP32_ATOL
+    for i in range(3):
+        assert max_diff(batched[i : i + 1], rows[i]) <= FP32_ATOL
+    assert max_diff(batched[0], batched[1]) > 1e-2  # different codes, different audio
+
+
+@pytest.mark.parametrize("schedule", [1, 7, [2, 3, 5, 7, 11, 13, 17]], ids=["ones", "sevens", "primes"])
+def test_bf16_stream_as_accurate_as_bf16_whole(fixture_whole, schedule):
+    # In bf16 this tiny decoder amplifies rounding to ~8% (Snake of activations in the hundreds, where a
+    # bf16 ulp is 2-4): a stream and a whole decode round differently, so both are compared with fp32.
+    bf16 = copy.deepcopy(fixture_whole.codec).to(torch.bfloat16)
+    ref = fixture_whole.fp32
+    with torch.inference_mode():
+        whole = bf16.decode(fixture_whole.codes)
+        stream = decode_chunked(bf16, fixture_whole.codes, schedule)
+    assert stream.dtype == torch.float32 and stream.shape == ref.shape
+    assert rel_err(stream, ref) <= 1.25 * rel_err(whole, ref)
+    assert rel_err(stream, whole) < 0.15 and max_diff(stream, whole) < 0.3
+
+
+def test_each_call_costs_only_its_own_frames(wide_codec):
+    codes = random_codes(wide_codec.config, 1, 103, seed=13)
+    work, seen = [0], []
+    mods = [m for m in wide_codec.modules() if isinstance(m, (torch.nn.Linear, torch.nn.Conv1d))]
+
+    def count(m, args, out):
+        work[0] += args[0].numel()
+
+    wqkv = wide_codec.quantizer.post_module.layers[0].attention.wqkv
+    handles = [m.register_forward_hook(count) for m in mods]
+    handles.append(wqkv.register_forward_hook(lambda m, args, out: seen.append(args[0].shape[1])))
+    try:
+        with torch.inference_mode():
+            dec = StreamingDecoder(wide_codec)
+            dec.decode(codes[..., :10])
+            work[0] = 0
+            dec.decode(codes[..., 10:13])
+            early = work[0]
+            dec.decode(codes[..., 13:100])
+            work[0] = 0
+            dec.decode(codes[..., 100:103])
+            late = work[0]
+    finally:
+        for h in handles:
+            h.remove()
+    assert early == late > 0
+    assert seen == [10, 3, 87, 3]  # the transformer sees only the new frames (the rest is in its cache)
+
+
+def test_bad_input_is_a_clear_error(wide_codec):
+    dec = StreamingDecoder(wide_codec, batch=2)
+    codes = random_codes(wide_codec.config, 2, 5)
+    with torch.inference_mode():
+        with pytest.raises(ValueError, match=r"codes must be \(2, 10, n\)"):
+            dec.decode(codes[:1])
+        with pytest.raises(ValueError, match=r"codes must be \(2, 10, n\)"):
+            dec.decode(codes[:, :9])
+        empty = dec.decode(codes[..., :0])
+        assert empty.shape == (2, 1, 0) and dec.frames == 0
+        assert dec.decode(codes).shape == (2, 1, 5 * wide_codec.config.frame_length)
+    with pytest.raises(ValueError, match="chunk sizes"):
+        decode_chunked(wide_codec, codes, [3, 0])
+    with pytest.raises(ValueError, match="batch"):
+        StreamingDecoder(wide_codec, batch=0)
+
+
+# --- CUDA ---------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def no_tf32():
+    # cuDNN runs fp32 convs in TF32 by default: whole and streamed decodes would differ by ~1e-2.
+    saved = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+    yield
+    torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
+
+
+@pytest.mark.gpu
+def test_cuda_stream_fp32_bf16_and_graph_capture(fixture_codec, no_tf32):
+    codec = copy.deepcopy(fixture_codec).cuda()
+    codes = random_codes(codec.config, 2, 64, seed=14).cuda()
+    with torch.inference_mode():
+        whole = codec.decode(codes)
+        err = max_diff(decode_chunked(codec, codes, [1, 5, 3]), whole)
+        assert err <= FP32_ATOL, f"cuda fp32 stream vs whole: {err:.3g}"
+
+        bf16 = copy.deepcopy(codec).to(torch.bfloat16)
+        whole_bf16 = bf16.decode(codes)
+        stream_bf16 = decode_chunked(bf16, codes, [1, 5, 3])
+        errs = rel_err(stream_bf16, whole), rel_err(whole_bf16, whole)
+        assert errs[0] <= 1.25 * errs[1] + 0.01, f"bf16 stream / whole vs fp32: {errs}"
+
+        # One fixed chunk size captured once, replayed for every chunk: same audio as eager streaming.
+        n = 4
+        eager = decode_chunked(bf16, codes, n)
+        dec = StreamingDecoder(bf16, batch=2)
+        static = codes[..., :n].clone()
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(3):
+                dec.decode(static)
+        torch.cuda.current_stream().wait_stream(side)
+        dec.reset()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = dec.decode(static)
+        dec.reset()
+        pieces = []
+        for t in range(0, 64, n):
+            static.copy_(codes[..., t : t + n])
+            graph.replay()
+            pieces.append(out.clone())
+        replayed = torch.cat(pieces, -1)
+    assert max_diff(replayed, eager) <= 1e-2 * eager.abs().max().item()  # measured on an H100: 0
