@@ -219,6 +219,10 @@ class Block(nn.Module):
         return h + self.feed_forward(self.ffn_norm(h))
 
 
+def call_block(layer: Block, x: Tensor, rope: Tensor, kv: KVView) -> Tensor:
+    return layer(x, rope, kv)
+
+
 @dataclass(frozen=True)
 class TokenLayout:
     """Where the semantic tokens sit in the vocabulary (from the tokenizer), and the code ranges."""
@@ -279,12 +283,16 @@ class DualARTransformer(nn.Module):
             x = torch.where(is_semantic.unsqueeze(-1), x / math.sqrt(self.config.num_codebooks + 1), x)
         return x
 
-    def forward_slow(self, columns: Tensor, kv_views: list[KVView]) -> Tensor:
-        """Run the slow layers; returns the residual stream after the last layer (before `norm`)."""
+    def forward_slow(self, columns: Tensor, kv_views: list[KVView], run_block=None) -> Tensor:
+        """Run the slow layers; returns the residual stream after the last layer (before `norm`).
+
+        run_block(layer, x, rope, kv) replaces a plain layer call (e.g. by a compiled one).
+        """
+        run_block = run_block or call_block
         x = self.embed(columns)
         rope = self.rope_slow[kv_views[0].positions]
         for layer, kv in zip(self.layers, kv_views):
-            x = layer(x, rope, kv)
+            x = run_block(layer, x, rope, kv)
         return x
 
     def slow_logits(self, hidden: Tensor) -> Tensor:
@@ -292,15 +300,17 @@ class DualARTransformer(nn.Module):
 
     # ---- fast transformer -------------------------------------------------------------------
 
-    def forward_fast(self, x: Tensor, kv_views: list[KVView], n_logits: int | None = None) -> Tensor | None:
+    def forward_fast(self, x: Tensor, kv_views: list[KVView], n_logits: int | None = None,
+                     run_block=None) -> Tensor | None:
         """One fast position for every row. x: (B, 1, fast_dim) -> logits (B, 1, n_logits).
 
         n_logits: the leading output columns wanted (None: all codebook_size; 0: none, the call only
         fills the fast KV cache). Fewer columns read fewer weight rows and give identical values.
         """
+        run_block = run_block or call_block
         rope = self.rope_fast[kv_views[0].positions]
         for layer, kv in zip(self.fast_layers, kv_views):
-            x = layer(x, rope, kv)
+            x = run_block(layer, x, rope, kv)
         if n_logits == 0:
             return None
         return F.linear(self.fast_norm(x), self.fast_output.weight[:n_logits])

@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 
 from ..model.dual_ar import DualARTransformer
-from .generate import FrameHistory, sample_frame
+from .generate import FrameHistory, StepOps, sample_frame
 from .kv_cache import KVCache
 from .sampling import SamplingTensors
 
@@ -64,10 +64,11 @@ class DecodeState:
 
 
 def decode_step(model: DualARTransformer, head, cache: KVCache, fast_cache: KVCache, state: DecodeState,
-                key_positions: Tensor) -> None:
+                key_positions: Tensor, ops: StepOps = StepOps()) -> None:
     """Advance every row of `state` (slots 0..B-1) by one frame. key_positions: arange(kv_len)."""
-    hidden = model.forward_slow(state.columns[:, :, None], cache.views(state.positions[:, None], key_positions))
-    frame = sample_frame(model, head, hidden, state.sampling, state.history, fast_cache)
+    views = cache.views(state.positions[:, None], key_positions)
+    hidden = model.forward_slow(state.columns[:, :, None], views, ops.run_block)
+    frame = sample_frame(model, head, hidden, state.sampling, state.history, fast_cache, ops)
     index = (state.history.generated - 1)[:, None, None].expand(-1, frame.shape[1], 1)
     state.frames.scatter_(2, index, frame[:, :, None])
     state.done |= frame[:, 0] == model.layout.im_end_id

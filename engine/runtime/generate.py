@@ -9,13 +9,13 @@ unit that faster runtimes batch and capture. `iter_frames` drives one sequence f
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Callable, Iterator
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..model.dual_ar import DualARTransformer
+from ..model.dual_ar import DualARTransformer, call_block
 from .kv_cache import KVCache
 from .sampling import REPETITION_WINDOW, SamplingTensors, noise_counter, sample
 
@@ -104,15 +104,24 @@ class SemanticHead:
         return self.ids[indices]
 
 
+@dataclass(frozen=True)
+class StepOps:
+    """The pieces a decode step repeats, swappable for compiled versions (regional compilation:
+    one compiled block serves every layer, which keeps compile time short)."""
+
+    run_block: Callable = call_block
+    sample: Callable = sample
+
+
 def sample_frame(model: DualARTransformer, head, hidden: Tensor, params: SamplingTensors, history: FrameHistory,
-                 fast_cache: KVCache) -> Tensor:
+                 fast_cache: KVCache, ops: StepOps = StepOps()) -> Tensor:
     """hidden (B, 1, dim): slow residual stream at the last position -> frame (B, 1 + num_codebooks) int64."""
     layout, n_codebooks = model.layout, model.config.num_codebooks
     batch = hidden.shape[0]
     valid = history.valid()
 
     seen, known = head.index_of(history.ids[:, 0])
-    index = sample(head.logits(hidden), params, seen, valid & known, noise_counter(history.generated, 0))
+    index = ops.sample(head.logits(hidden), params, seen, valid & known, noise_counter(history.generated, 0))
     token = head.token_of(index)
     is_semantic = (token >= layout.semantic_begin_id) & (token <= layout.semantic_end_id)
     codes = [torch.where(is_semantic, token - layout.semantic_begin_id, torch.zeros_like(token))]
@@ -124,9 +133,10 @@ def sample_frame(model: DualARTransformer, head, hidden: Tensor, params: Samplin
         positions = torch.full((batch, 1), k, dtype=torch.int64, device=hidden.device)
         # Position 0 only fills the fast cache; codes 1..9 use the first residual_codebook_size logits.
         n_logits = 0 if k == 0 else layout.residual_codebook_size
-        fast_logits = model.forward_fast(x, fast_cache.views(positions, k + 1), n_logits)
+        fast_logits = model.forward_fast(x, fast_cache.views(positions, k + 1), n_logits, ops.run_block)
         if k > 0:
-            codes.append(sample(fast_logits[:, 0], params, history.ids[:, k], valid, noise_counter(history.generated, k)))
+            codes.append(ops.sample(fast_logits[:, 0], params, history.ids[:, k], valid,
+                                    noise_counter(history.generated, k)))
     frame = torch.stack([token] + codes, dim=1)
     history.push(frame)
     return frame

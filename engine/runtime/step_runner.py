@@ -15,10 +15,11 @@ from loguru import logger
 from torch import Tensor
 
 from ..compilation import CompilePolicy
-from ..model.dual_ar import DualARTransformer
+from ..model.dual_ar import DualARTransformer, call_block
 from .decode_step import DecodeState, decode_step
-from .generate import FullVocabHead, SemanticHead, frame_budget
+from .generate import FullVocabHead, SemanticHead, StepOps, frame_budget
 from .kv_cache import KVCache
+from .sampling import sample
 
 MIN_KV_BUCKET = 256
 DONE_CHECK_EVERY = 8  # frames between host reads of the end-of-speech flags
@@ -57,11 +58,16 @@ class StepRunner:
         self._pool = None
 
     def _build_step(self):
-        def step(state: DecodeState, key_positions: Tensor) -> None:
-            decode_step(self.model, self.head, self.cache, self.fast_cache, state, key_positions)
-
+        # Regional compilation: one compiled transformer block serves all 28 slow layers (and one
+        # the 4 fast ones), one compiled sampler every codebook; the eager glue between them is
+        # captured in the same CUDA graph, so it costs no launch overhead at replay.
+        ops = StepOps()
         if self.policy.compile:
-            return torch.compile(step, fullgraph=True, dynamic=None)
+            ops = StepOps(torch.compile(call_block, fullgraph=True), torch.compile(sample, fullgraph=True))
+
+        def step(state: DecodeState, key_positions: Tensor) -> None:
+            decode_step(self.model, self.head, self.cache, self.fast_cache, state, key_positions, ops)
+
         return step
 
     # ---- graphs -------------------------------------------------------------------------------
@@ -82,7 +88,7 @@ class StepRunner:
     def _capture(self, batch: int, kv: int) -> None:
         args = (self._views[batch], self.key_positions[:kv])
         if self.policy.compile:
-            torch._dynamo.mark_dynamic(args[1], 0)
+            torch._dynamo.maybe_mark_dynamic(args[1], 0)  # one compiled slow block for every kv bucket
         self.state.positions.zero_()
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
