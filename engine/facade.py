@@ -121,9 +121,11 @@ class TTSEngine:
         frames, samples = 0, 0
         try:
             for chunk in job.results():
-                if frames == 0:
-                    stats["ttfa_s"] = time.perf_counter() - started
                 frames += chunk.frames
+                if not len(chunk.samples):
+                    continue
+                if not samples:
+                    stats["ttfa_s"] = time.perf_counter() - started
                 samples += chunk.samples.shape[0]
                 yield chunk
         except Exception:

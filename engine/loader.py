@@ -50,7 +50,7 @@ def load_models(config: EngineConfig) -> LoadedModels:
 
     directory = resolve_checkpoint(config.checkpoint)
     tokenizer = S1Tokenizer.from_dir(directory)
-    codec = load_codec(directory / "codec.pth", device=placement.device)
+    codec = _place_codec(load_codec(directory / "codec.pth", device=placement.device), placement)
     model = load_dual_ar(directory, token_layout(tokenizer, codec.config), placement.device, placement.dtype)
     logger.info("loaded checkpoint from {}", directory)
     return LoadedModels(tokenizer, model, codec, placement, f"OpenAudio S1-mini from {directory}",
@@ -63,13 +63,21 @@ def _random_models(placement: Placement, llm_config_path: Path, codec_config: Co
     llm_config = DualARConfig.from_json(llm_config_path)
     if std is not None:
         llm_config = DualARConfig(**{**llm_config.__dict__, "initializer_range": std})
-    codec = random_codec(codec_config, seed=0, device=placement.device)
+    codec = _place_codec(random_codec(codec_config, seed=0, device=placement.device), placement)
     model = random_dual_ar(llm_config, token_layout(tokenizer, codec_config), placement.device, placement.dtype)
     if end_boost != 1.0:
         model.output.weight[tokenizer.im_end_id] *= end_boost
     logger.warning("{}", description)
     fingerprint = "random:" + hashlib.sha256(repr((llm_config, codec_config)).encode()).hexdigest()[:16]
     return LoadedModels(tokenizer, model, codec, placement, description, fingerprint, random_weights=True)
+
+
+def _place_codec(codec: ModdedDAC, placement: Placement) -> ModdedDAC:
+    """On GPUs the decode path runs in the engine's half precision (as the reference's bf16 autocast
+    does); encoding reference clips stays in fp32 like the reference."""
+    if placement.device.type == "cuda" and placement.dtype != torch.float32:
+        codec.decode_in(placement.dtype)
+    return codec
 
 
 def _file_fingerprint(path: Path) -> str:

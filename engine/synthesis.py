@@ -3,7 +3,8 @@
 Long text is split into chunks at sentence boundaries and generated in order. Every chunk is
 prompted with the same voice: the given references, or, without any, the first chunk's own
 output as the reference for the rest (so an unprompted voice stays the same across chunks).
-Chunks are joined with short fades so that no click appears at a seam.
+Frames are decoded to audio as they arrive, by a streaming codec decoder whose output equals a
+whole-chunk decode. Chunks are joined with short fades so that no click appears at a seam.
 """
 
 from __future__ import annotations
@@ -13,11 +14,12 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from .compilation import CompilePolicy
 from .errors import InputError
 from .loader import LoadedModels
+from .model.codec_stream import StreamingDecoder
 from .params import SamplingParams
 from .references import ReferenceCodeCache
-from .compilation import CompilePolicy
 from .runtime.kv_cache import KVCache
 from .runtime.step_runner import StepRunner
 from .runtime.worker import Job
@@ -53,6 +55,7 @@ class Synthesizer:
         cache = KVCache(c.n_layer, 1, c.n_local_heads, c.max_seq_len, c.head_dim,
                         models.placement.dtype, models.placement.device)
         self.runner = StepRunner(models.model, cache, policy, exact_vocab=exact_sampling)
+        self.decoder = StreamingDecoder(models.codec)
 
     @property
     def sample_rate(self) -> int:
@@ -68,14 +71,20 @@ class Synthesizer:
         voice = [(text, self.reference_cache.get_codes(samples)) for samples, text in request.references]
         last = len(request.chunks) - 1
         for index, text in enumerate(request.chunks):
-            codes = self._generate_chunk(text, voice, request, index, job)
-            audio = self._decode(codes)
-            _fade_seams(audio, self.sample_rate, fade_in=index > 0, fade_out=index < last)
-            job.emit(AudioChunk(audio, codes.shape[1], index))
-            if not request.references and index == 0 and codes.shape[1] > 0:
-                voice = [(text, codes.cpu())]
+            fader = SeamFader(int(SEAM_FADE_SECONDS * self.sample_rate), fade_in=index > 0, fade_out=index < last)
+            self.decoder.reset()
+            blocks = []
+            for block in self._generate_chunk(text, voice, request, index, job):
+                blocks.append(block)
+                with torch.inference_mode():
+                    audio = self.decoder.decode(block[None])[0, 0].cpu().numpy()
+                job.emit(AudioChunk(fader.push(audio), block.shape[1], index))
+            job.emit(AudioChunk(fader.finish(), 0, index))
+            if not request.references and index == 0 and blocks:
+                voice = [(text, torch.cat(blocks, dim=1).cpu())]
 
-    def _generate_chunk(self, text: str, voice, request: PreparedRequest, index: int, job: Job) -> torch.Tensor:
+    def _generate_chunk(self, text: str, voice, request: PreparedRequest, index: int, job: Job):
+        """Yield (num_codebooks, n) code blocks on the device as the model produces them."""
         m = self.models
         prompt = build_prompt(m.tokenizer, text, voice, num_codebooks=m.model.config.num_codebooks)
         limit = self.capacity - MIN_GENERATION_ROOM
@@ -86,32 +95,41 @@ class Synthesizer:
             )
         p = request.params
         with torch.inference_mode():
-            blocks = list(self.runner.generate(
-                prompt.to(m.placement.device), temperature=p.temperature, top_p=p.top_p,
-                repetition_penalty=p.repetition_penalty, noise_key=_chunk_noise_key(request.seed, index),
-                max_new_tokens=p.max_new_tokens, check_cancelled=job.check_cancelled))
-        return torch.cat(blocks, dim=1)[1:]
-
-    def _decode(self, codes: torch.Tensor) -> np.ndarray:
-        if codes.shape[1] == 0:
-            return np.zeros(0, dtype=np.float32)
-        codec = self.models.codec
-        device = self.models.placement.device
-        with torch.inference_mode(), torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
-            audio = codec.decode(codes[None].to(device))
-        return audio[0, 0].float().cpu().numpy()
+            for frames in self.runner.generate(
+                    prompt.to(m.placement.device), temperature=p.temperature, top_p=p.top_p,
+                    repetition_penalty=p.repetition_penalty, noise_key=_chunk_noise_key(request.seed, index),
+                    max_new_tokens=p.max_new_tokens, check_cancelled=job.check_cancelled):
+                if frames.shape[1]:
+                    yield frames[1:]
 
 
 def _chunk_noise_key(seed: int, index: int) -> int:
     return (seed ^ (index * 0x9E3779B9)) & 0xFFFFFFFF
 
 
-def _fade_seams(audio: np.ndarray, sample_rate: int, *, fade_in: bool, fade_out: bool) -> None:
-    n = min(int(SEAM_FADE_SECONDS * sample_rate), audio.shape[0] // 2)
-    if n == 0:
-        return
-    ramp = np.linspace(0.0, 1.0, n, dtype=np.float32)
-    if fade_in:
-        audio[:n] *= ramp
-    if fade_out:
-        audio[-n:] *= ramp[::-1]
+class SeamFader:
+    """Fades the first and last few milliseconds of a text chunk's audio as it streams past, so
+    chunks join without clicks; holds back the last `n` samples until it knows whether they end
+    the chunk."""
+
+    def __init__(self, n: int, *, fade_in: bool, fade_out: bool):
+        self.n, self.fade_out = n, fade_out
+        self._ramp = np.linspace(0.0, 1.0, n, dtype=np.float32)
+        self._faded_in = not fade_in
+        self._held = np.zeros(0, dtype=np.float32)
+
+    def push(self, audio: np.ndarray) -> np.ndarray:
+        audio = np.concatenate([self._held, audio])
+        if not self._faded_in and len(audio):
+            m = min(self.n, len(audio))
+            audio[:m] *= self._ramp[:m]
+            self._faded_in = True
+        split = max(len(audio) - self.n, 0)
+        self._held = audio[split:]
+        return audio[:split]
+
+    def finish(self) -> np.ndarray:
+        tail, self._held = self._held, np.zeros(0, dtype=np.float32)
+        if self.fade_out and len(tail):
+            tail = tail * self._ramp[::-1][-len(tail):]
+        return tail

@@ -223,10 +223,23 @@ def measure_in_process(settings: dict, args) -> dict:
 
 
 def _time_codec(engine, codes) -> float:
+    import torch
+
+    """Streaming decode in the engine's block sizes, as a request runs it."""
+    from engine.runtime.step_runner import BLOCK, FIRST_BLOCK
+
     device = engine.models.placement.device
+    decoder = engine._synthesizer.decoder
+    codes = codes.to(device)
     sync(device)
     t0 = time.perf_counter()
-    engine._synthesizer._decode(codes[0].to(device))
+    decoder.reset()
+    with torch.inference_mode():
+        start = 0
+        for size in [FIRST_BLOCK] + [BLOCK] * (codes.shape[-1] // BLOCK + 1):
+            if start < codes.shape[-1]:
+                decoder.decode(codes[..., start:start + size])
+            start += size
     sync(device)
     return time.perf_counter() - t0
 

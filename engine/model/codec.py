@@ -405,7 +405,11 @@ class Quantizer(nn.Module):
         sem = codes[:, :1].clamp(0, self.semantic_codebook_size - 1)
         res = codes[:, 1:].clamp(0, self.residual_codebook_size - 1)
         z = self.semantic_quantizer.decode(sem) + self.quantizer.decode(res)
-        return self.upsample(self.post_module(z))
+        return self.upsample(self.post_module(z.to(self.decode_dtype)))
+
+    @property
+    def decode_dtype(self) -> torch.dtype:
+        return next(self.post_module.parameters()).dtype
 
 
 class DecoderBlock(nn.Module):
@@ -446,8 +450,9 @@ class Decoder(nn.Module):
 class ModdedDAC(nn.Module):
     """The S1-mini codec. Parameters are uninitialised: use load_codec() or random_codec().
 
-    Run under torch.inference_mode(). For bf16/fp16, cast the module (`model.to(dtype)`); the VQ
-    distances, RoPE and RMSNorm statistics are computed in fp32 regardless.
+    Run under torch.inference_mode(). For bf16/fp16, cast the module (`model.to(dtype)`), or only
+    its decode path with `decode_in(dtype)`; the VQ distances, RoPE and RMSNorm statistics are
+    computed in fp32 regardless.
     """
 
     def __init__(self, config: CodecConfig):
@@ -459,7 +464,15 @@ class ModdedDAC(nn.Module):
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.decoder.model[-2].conv.bias.dtype
+        """The encode path's dtype."""
+        return next(self.encoder.parameters()).dtype
+
+    def decode_in(self, dtype: torch.dtype) -> "ModdedDAC":
+        """Run decoding (post_module, upsample, decoder) in `dtype` and keep encoding as it is: the
+        reference engine encodes reference clips in fp32 and decodes under bf16 autocast."""
+        for part in (self.quantizer.post_module, self.quantizer.upsample, self.decoder):
+            part.to(dtype)
+        return self
 
     @torch.no_grad()
     def decode(self, codes: Tensor) -> Tensor:

@@ -330,7 +330,7 @@ class StreamingDecoder:
         sem = codes[:, :1].clamp(0, q.semantic_codebook_size - 1)
         res = codes[:, 1:].clamp(0, q.residual_codebook_size - 1)
         z = q.semantic_quantizer.decode(sem) + q.quantizer.decode(res)
-        z = self._up.step(self._post.step(z))
+        z = self._up.step(self._post.step(z.to(q.decode_dtype)))
         return self._dec.step(z).float()
 
     def reset(self) -> None:

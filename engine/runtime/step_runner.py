@@ -22,7 +22,10 @@ from .kv_cache import KVCache
 from .sampling import sample
 
 MIN_KV_BUCKET = 256
-DONE_CHECK_EVERY = 8  # frames between host reads of the end-of-speech flags
+# Frames are handed out (and end-of-speech looked for, the only host syncs) after FIRST_BLOCK
+# frames, for an early first audio, then every BLOCK frames.
+FIRST_BLOCK = 4
+BLOCK = 16
 
 
 def buckets_up_to(limit: int, start: int) -> list[int]:
@@ -134,11 +137,12 @@ class StepRunner:
         budget = frame_budget(prompt_len, max_new_tokens, self.cache.capacity)
         self.prefill(0, prompt)
         self.state.start(0, prompt[:, -1], prompt_len - 1, temperature, top_p, repetition_penalty, noise_key)
-        emitted = 0
+        emitted, next_yield = 0, FIRST_BLOCK
         for i in range(budget):
             self.step(1, prompt_len + i)
-            if (i + 1) % DONE_CHECK_EVERY and i + 1 < budget:
+            if i + 1 < min(next_yield, budget):
                 continue
+            next_yield += BLOCK
             check_cancelled()
             produced = i + 1
             frames = self.state.frames[0, :, emitted:produced]
