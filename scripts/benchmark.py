@@ -223,9 +223,9 @@ def measure_in_process(settings: dict, args) -> dict:
 
 
 def _time_codec(engine, codes) -> float:
+    """Streaming decode in the engine's block sizes, as a request runs it."""
     import torch
 
-    """Streaming decode in the engine's block sizes, as a request runs it."""
     from engine.runtime.step_runner import BLOCK, FIRST_BLOCK
 
     device = engine.models.placement.device
