@@ -39,6 +39,9 @@ class EngineConfig:
     max_text_length: int = 2000  # characters per request; 0 = no limit
     max_queue: int = 64
     max_reference_seconds: float = 90.0
+    # KV-cache positions per sequence (prompt + generated frames); 0 = the model's maximum (8192).
+    # 4096 holds a 90 s reference with its transcript plus 1024 new frames, in half the memory.
+    max_context: int = 4096
     cache_dir: str | None = None  # None = the platformdirs user cache dir
     voices_dir: str | None = None  # None = the platformdirs user data dir / voices
     seed: int | None = None  # engine-wide default seed for requests that give none
@@ -58,6 +61,8 @@ class EngineConfig:
                 raise InputError(f"{name} must be at least 1, got {getattr(self, name)}")
         if self.max_text_length < 0:
             raise InputError(f"max_text_length must be >= 0 (0 = no limit), got {self.max_text_length}")
+        if self.max_context < 0:
+            raise InputError(f"max_context must be >= 0 (0 = the model's maximum), got {self.max_context}")
         if self.max_reference_seconds <= 0:
             raise InputError("max_reference_seconds must be positive")
 

@@ -57,7 +57,8 @@ class TTSEngine:
         self.policy = compilation.decide(config.compile, models.placement.device)
         if self.policy.compile:
             compilation.configure_caches(cache_dir / "compile")
-        self._synthesizer = Synthesizer(models, self.reference_cache, self.policy, config.exact_sampling)
+        self._synthesizer = Synthesizer(models, self.reference_cache, self.policy, config.exact_sampling,
+                                       config.max_context)
         self.voices = VoiceStore(default_voices_dir(config.voices_dir), max_seconds=config.max_reference_seconds)
         self._worker = GPUWorker(config.max_queue)
         self._stats_lock = threading.Lock()

@@ -51,7 +51,7 @@ def load_models(config: EngineConfig) -> LoadedModels:
     directory = resolve_checkpoint(config.checkpoint)
     tokenizer = S1Tokenizer.from_dir(directory)
     codec = _place_codec(load_codec(directory / "codec.pth", device=placement.device), placement)
-    model = load_dual_ar(directory, token_layout(tokenizer, codec.config), placement.device, placement.dtype)
+    model = load_dual_ar(directory, token_layout(tokenizer, codec.config), placement.device, placement.dtype).fuse_()
     logger.info("loaded checkpoint from {}", directory)
     return LoadedModels(tokenizer, model, codec, placement, f"OpenAudio S1-mini from {directory}",
                         _file_fingerprint(directory / "codec.pth"), random_weights=False)
@@ -64,7 +64,7 @@ def _random_models(placement: Placement, llm_config_path: Path, codec_config: Co
     if std is not None:
         llm_config = DualARConfig(**{**llm_config.__dict__, "initializer_range": std})
     codec = _place_codec(random_codec(codec_config, seed=0, device=placement.device), placement)
-    model = random_dual_ar(llm_config, token_layout(tokenizer, codec_config), placement.device, placement.dtype)
+    model = random_dual_ar(llm_config, token_layout(tokenizer, codec_config), placement.device, placement.dtype).fuse_()
     if end_boost != 1.0:
         model.output.weight[tokenizer.im_end_id] *= end_boost
     logger.warning("{}", description)

@@ -25,8 +25,8 @@ from .runtime.step_runner import StepRunner
 from .runtime.worker import Job
 from .text.prompt import build_prompt
 
-# The reference refuses prompts that leave less than this much context for generation.
-MIN_GENERATION_ROOM = 2048
+# Prompts must leave this much context for generation (the reference demands 2048 of its 8192).
+MIN_GENERATION_ROOM = 1024
 SEAM_FADE_SECONDS = 0.01
 
 
@@ -47,12 +47,12 @@ class AudioChunk:
 
 class Synthesizer:
     def __init__(self, models: LoadedModels, reference_cache: ReferenceCodeCache, policy: CompilePolicy,
-                 exact_sampling: bool):
+                 exact_sampling: bool, max_context: int):
         self.models = models
         self.reference_cache = reference_cache
         c = models.model.config
-        self.capacity = c.max_seq_len
-        cache = KVCache(c.n_layer, 1, c.n_local_heads, c.max_seq_len, c.head_dim,
+        self.capacity = min(c.max_seq_len, max_context or c.max_seq_len)
+        cache = KVCache(c.n_layer, 1, c.n_local_heads, self.capacity, c.head_dim,
                         models.placement.dtype, models.placement.device)
         self.runner = StepRunner(models.model, cache, policy, exact_vocab=exact_sampling)
         self.decoder = StreamingDecoder(models.codec)

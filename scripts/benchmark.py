@@ -160,6 +160,7 @@ def measure_in_process(settings: dict, args) -> dict:
         torch.cuda.reset_peak_memory_stats(device)
     after_load = engine.stats()["memory_gb"]
     engine.warmup()
+    after_warmup = torch.cuda.max_memory_allocated(device) / 1e9 if device.type == "cuda" else None
     runner = engine._synthesizer.runner
     prompt = synthetic_prompt(engine, args.prompt_positions).to(device)
 
@@ -179,6 +180,7 @@ def measure_in_process(settings: dict, args) -> dict:
         return t1 - t0, (t2 - t1) - (t1 - t0), frames
 
     runs = [engine._worker.call(lambda s=seed: decode_run(s)) for seed in range(args.runs)]
+    decode_peak = torch.cuda.max_memory_allocated(device) / 1e9 if device.type == "cuda" else None
     prefill_s = float(np.median([r[0] for r in runs]))
     decode_s = float(np.median([r[1] for r in runs]))
     frames = runs[0][2]
@@ -216,7 +218,8 @@ def measure_in_process(settings: dict, args) -> dict:
         "codec": {"decode_ms_per_audio_s": codec_s * 1000 / (frames / FRAMES_PER_AUDIO_SECOND),
                   "decode_ms": codec_s * 1000, "frames": frames},
         "latency_ms": latency,
-        "memory": {"after_load_gb": after_load, "peak_gb": stats["peak_memory_gb"]},
+        "memory": {"after_load_gb": after_load, "peak_gb": stats["peak_memory_gb"],
+                   "peak_after_warmup_gb": after_warmup, "peak_after_decode_gb": decode_peak},
         "engine": {"compile": stats["compile"], "device": stats["device"], "precision": stats["precision"],
                    "model": stats["model"]},
     }

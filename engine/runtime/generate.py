@@ -130,10 +130,11 @@ def sample_frame(model: DualARTransformer, head, hidden: Tensor, params: Samplin
     for k in range(n_codebooks):
         if k > 0:
             x = model.fast_embeddings(codes[-1]).unsqueeze(1)
-        positions = torch.full((batch, 1), k, dtype=torch.int64, device=hidden.device)
+        # Fast position k reads exactly positions 0..k, all visible: no mask.
+        views = fast_cache.views(*fast_cache.codebook_positions(batch, k), all_visible=True)
         # Position 0 only fills the fast cache; codes 1..9 use the first residual_codebook_size logits.
         n_logits = 0 if k == 0 else layout.residual_codebook_size
-        fast_logits = model.forward_fast(x, fast_cache.views(positions, k + 1), n_logits, ops.run_block)
+        fast_logits = model.forward_fast(x, views, n_logits, ops.run_block)
         if k > 0:
             codes.append(ops.sample(fast_logits[:, 0], params, history.ids[:, k], valid,
                                     noise_counter(history.generated, k)))

@@ -64,9 +64,9 @@ class StepRunner:
         # Regional compilation: one compiled transformer block serves all 28 slow layers (and one
         # the 4 fast ones), one compiled sampler every codebook; the eager glue between them is
         # captured in the same CUDA graph, so it costs no launch overhead at replay.
-        ops = StepOps()
+        ops = self.ops = StepOps()
         if self.policy.compile:
-            ops = StepOps(torch.compile(call_block, fullgraph=True), torch.compile(sample, fullgraph=True))
+            ops = self.ops = StepOps(torch.compile(call_block, fullgraph=True), torch.compile(sample, fullgraph=True))
 
         def step(state: DecodeState, key_positions: Tensor) -> None:
             decode_step(self.model, self.head, self.cache, self.fast_cache, state, key_positions, ops)
@@ -76,10 +76,14 @@ class StepRunner:
     # ---- graphs -------------------------------------------------------------------------------
 
     def prepare(self, batch_sizes: list[int] | None = None) -> float:
-        """Compile and capture every (batch, kv) bucket; returns the seconds it took."""
+        """Compile prefill and capture every (batch, kv) bucket; returns the seconds it took."""
         if not self.policy.cuda_graphs:
             return 0.0
         started = time.perf_counter()
+        if self.policy.compile:  # two prompt lengths: the second compiles the length-generic block
+            for length in (17, 33):
+                self.prefill(0, torch.zeros(self.model.config.num_codebooks + 1, length, dtype=torch.long,
+                                            device=self.key_positions.device))
         for batch in batch_sizes or self.batch_buckets:
             for kv in self.kv_buckets:
                 self._capture(batch, kv)
@@ -125,7 +129,8 @@ class StepRunner:
         if length > 0:
             positions = torch.arange(length, device=prompt.device)[None]
             with torch.inference_mode():
-                self.model.forward_slow(prompt[None, :, :length].long(), self.cache.views(positions, length, slot))
+                self.model.forward_slow(prompt[None, :, :length].long(), self.cache.views(positions, length, slot),
+                                        self.ops.run_block)
 
     def generate(self, prompt: Tensor, *, temperature: float, top_p: float, repetition_penalty: float,
                  noise_key: int, max_new_tokens: int, check_cancelled=lambda: None,
