@@ -50,15 +50,21 @@ class CompilePolicy:
     compile: bool
     cuda_graphs: bool
     reason: str
+    mode: str = "default"  # torch.compile mode: default | max-autotune (graphs are ours, so never theirs)
+
+    @property
+    def torch_compile_mode(self) -> str:
+        return "max-autotune-no-cudagraphs" if self.mode == "max-autotune" else "default"
 
     def describe(self) -> str:
-        mode = "torch.compile + CUDA graphs" if self.compile and self.cuda_graphs else (
+        mode = f"torch.compile ({self.mode}) + CUDA graphs" if self.compile and self.cuda_graphs else (
             "eager + CUDA graphs" if self.cuda_graphs else "eager")
         return f"{mode} ({self.reason})"
 
 
-def decide(mode: str, device: torch.device, env: Environment | None = None) -> CompilePolicy:
-    """mode: auto | on | off (flag or S1_MINI_COMPILE)."""
+def decide(mode: str, device: torch.device, env: Environment | None = None,
+           compile_mode: str = "default") -> CompilePolicy:
+    """mode: auto | on | off (flag or S1_MINI_COMPILE); compile_mode: default | max-autotune."""
     env = env or Environment.detect()
     if device.type != "cuda":
         if mode == "on":
@@ -71,7 +77,7 @@ def decide(mode: str, device: torch.device, env: Environment | None = None) -> C
             raise DeviceError("--compile needs Triton, which is not installed here (on Windows: pip install "
                               "triton-windows matching your torch); use --no-compile to run eager")
         return CompilePolicy(False, True, f"no Triton on {env.os}: eager step in CUDA graphs")
-    return CompilePolicy(True, True, f"CUDA with Triton {env.triton} on {env.os}")
+    return CompilePolicy(True, True, f"CUDA with Triton {env.triton} on {env.os}", compile_mode)
 
 
 def configure_caches(cache_root: Path) -> dict[str, str]:

@@ -34,6 +34,9 @@ class EngineConfig:
     device: str = "auto"
     precision: str = "auto"
     compile: str = "auto"
+    # torch.compile mode of the decode step's blocks: "default" compiles fast; "max-autotune"
+    # benchmarks Triton matmul templates (longer first compile, cached afterwards).
+    compile_mode: str = "default"
     quantize: str = "none"
     max_batch_size: int = 8
     max_text_length: int = 2000  # characters per request; 0 = no limit
@@ -53,6 +56,7 @@ class EngineConfig:
         _one_of("device", self.device.split(":")[0], DEVICES)
         _one_of("precision", self.precision, PRECISIONS)
         _one_of("compile", self.compile, COMPILE_MODES)
+        _one_of("compile_mode", self.compile_mode, ("default", "max-autotune"))
         _one_of("quantize", self.quantize, QUANTIZE_MODES)
         if self.demo and self.random_weights:
             raise InputError("choose either demo (tiny model) or random_weights (full size), not both")

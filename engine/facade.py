@@ -54,7 +54,7 @@ class TTSEngine:
             lambda samples: self._synthesizer.encode_reference(samples),
             cache_dir / "reference-codes", fingerprint=models.fingerprint,
         )
-        self.policy = compilation.decide(config.compile, models.placement.device)
+        self.policy = compilation.decide(config.compile, models.placement.device, compile_mode=config.compile_mode)
         if self.policy.compile:
             compilation.configure_caches(cache_dir / "compile")
         self._synthesizer = Synthesizer(models, self.reference_cache, self.policy, config.exact_sampling,

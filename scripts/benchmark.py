@@ -38,6 +38,7 @@ def parse_args(argv=None):
     p.add_argument("--device", default="auto")
     p.add_argument("--precision", default="auto")
     p.add_argument("--compile", default="auto", choices=["auto", "on", "off"])
+    p.add_argument("--compile-mode", default="default", choices=["default", "max-autotune"])
     p.add_argument("--quantize", default="none")
     p.add_argument("--frames", type=int, default=400, help="frames per single-stream decode run")
     p.add_argument("--prompt-positions", type=int, default=280)
@@ -61,6 +62,7 @@ def engine_config(settings: dict, cache_dir: str | None = None):
         checkpoint=settings.get("checkpoint"), random_weights=settings["weights"] == "random",
         device=settings["device"], precision=settings["precision"], compile=settings["compile"],
         quantize=settings["quantize"], cache_dir=cache_dir, max_batch_size=1,
+        compile_mode=settings.get("compile_mode", "default"),
         voices_dir=tempfile.mkdtemp(prefix="bench-voices-"), max_text_length=0,
     )
 
@@ -104,8 +106,8 @@ def measure_startup(settings: dict) -> dict:
 
 def settings_to_argv(settings: dict) -> list[str]:
     argv = []
-    for key in ("weights", "device", "precision", "compile", "quantize"):
-        argv += [f"--{key}", str(settings[key])]
+    for key in ("weights", "device", "precision", "compile", "compile_mode", "quantize"):
+        argv += [f"--{key.replace('_', '-')}", str(settings[key])]
     if settings.get("checkpoint"):
         argv += ["--checkpoint", settings["checkpoint"]]
     return argv
@@ -347,7 +349,8 @@ def write_html(path: Path, report: dict) -> None:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    base = {k: getattr(args, k) for k in ("weights", "checkpoint", "device", "precision", "compile", "quantize")}
+    base = {k: getattr(args, k) for k in ("weights", "checkpoint", "device", "precision", "compile", "compile_mode",
+                                          "quantize")}
     if args.phase == "startup":
         print(json.dumps(startup_phase(base, args.cache_dir)))
         return 0

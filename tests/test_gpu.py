@@ -63,25 +63,33 @@ def test_compiled_graphed_step_matches_eager_step(tiny_model, s1_expected, setti
 
 
 def test_full_size_bf16_compiled_logits_close_to_eager():
-    """Full-size random weights in bf16: one compiled slow step + head against eager, same inputs."""
+    """Full-size random weights: a compiled bf16 slow step + head is no further from the fp32 result
+    than the eager bf16 step is (compilation adds no error beyond bf16's own)."""
+    import copy
+
     models = load_models(EngineConfig(random_weights=True, device="cuda", precision="bf16"))
-    model = models.model
-    runner = StepRunner(model, new_cache(model), EAGER)
+    bf16 = models.model
+    fp32 = copy.deepcopy(bf16).float()
     prompt = torch.randint(0, 4000, (11, 64), device="cuda")
     prompt[1:] = prompt[1:] % 1024
+    args = (prompt[None, :, -1:], torch.tensor([[63]], device="cuda"), torch.arange(256, device="cuda"))
 
-    def step_logits(columns, positions, key_positions):
-        hidden = model.forward_slow(columns, runner.cache.views(positions, key_positions))
-        return runner.head.logits(hidden)
+    def logits_fn(model):
+        runner = StepRunner(model, new_cache(model), EAGER)
+
+        def step_logits(columns, positions, key_positions):
+            hidden = model.forward_slow(columns, runner.cache.views(positions, key_positions))
+            return runner.head.logits(hidden).float()
+
+        runner.prefill(0, prompt)
+        return step_logits
 
     with torch.inference_mode():
-        runner.prefill(0, prompt)
-        args = (prompt[None, :, -1:], torch.tensor([[63]], device="cuda"), torch.arange(256, device="cuda"))
-        eager = step_logits(*args)
-        compiled = torch.compile(step_logits, fullgraph=True)(*args)
-    eager, compiled = eager.float(), compiled.float()
-    diff = (compiled - eager).abs().max()
-    assert (compiled - eager).norm() <= 0.02 * eager.norm()
-    top2 = eager.topk(2, dim=-1).values
-    clear = (top2[:, 0] - top2[:, 1]) > 2 * diff  # where the winner is not within rounding of the runner-up
-    assert (compiled.argmax(-1) == eager.argmax(-1))[clear].all()
+        reference = logits_fn(fp32)(*args)
+        eager_fn = logits_fn(bf16)
+        eager = eager_fn(*args)
+        compiled = torch.compile(eager_fn, fullgraph=True)(*args)
+    eager_error = (eager - reference).norm()
+    compiled_error = (compiled - reference).norm()
+    assert compiled_error <= 1.5 * eager_error + 1e-3 * reference.norm()
+    assert eager_error <= 0.05 * reference.norm()  # bf16 itself stays close

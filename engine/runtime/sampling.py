@@ -78,7 +78,8 @@ def apply_repetition_penalty(logits: Tensor, history: Tensor, valid: Tensor, pen
 
 
 def apply_top_p(logits: Tensor, top_p: Tensor) -> Tensor:
-    """Keep the smallest prefix of the sorted distribution whose mass reaches top_p (the best id always)."""
+    """The reference's nucleus: keep each id whose probability plus that of every likelier id is at
+    most top_p (so the id that crosses top_p is dropped), and always the likeliest id."""
     sorted_logits, order = torch.sort(logits, descending=True, dim=-1)
     cumulative = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
     remove_sorted = cumulative > top_p

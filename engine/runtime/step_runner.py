@@ -66,7 +66,9 @@ class StepRunner:
         # captured in the same CUDA graph, so it costs no launch overhead at replay.
         ops = self.ops = StepOps()
         if self.policy.compile:
-            ops = self.ops = StepOps(torch.compile(call_block, fullgraph=True), torch.compile(sample, fullgraph=True))
+            mode = self.policy.torch_compile_mode
+            ops = self.ops = StepOps(torch.compile(call_block, fullgraph=True, mode=mode),
+                                     torch.compile(sample, fullgraph=True, mode=mode))
 
         def step(state: DecodeState, key_positions: Tensor) -> None:
             decode_step(self.model, self.head, self.cache, self.fast_cache, state, key_positions, ops)
