@@ -595,15 +595,16 @@ def random_codec(
     config: CodecConfig, seed: int = 0, device: str | torch.device = "cpu", *, for_inference: bool = True
 ) -> ModdedDAC:
     """A codec with random weights whose decoded audio is neither silent nor saturated (demo mode,
-    benchmarks without the checkpoint). The same seed gives the same weights on every device;
-    for_inference as in load_codec.
+    benchmarks without the checkpoint). The same seed gives the same weights on the same kind of
+    device (the numbers are drawn there: drawing 391M on the CPU took most of a benchmark's
+    start-up); for_inference as in load_codec.
     """
-    gen = torch.Generator().manual_seed(seed)
+    gen = torch.Generator(device=device).manual_seed(seed)
     with torch.device(device):
         model = ModdedDAC(config)
 
     def normal(p: Tensor, std: float = 1.0):
-        p.copy_(torch.randn(p.shape, generator=gen) * std)
+        p.copy_(torch.randn(p.shape, generator=gen, device=p.device) * std)
 
     for name, p in model.named_parameters():
         leaf = name.rsplit(".", 1)[-1]
@@ -614,7 +615,7 @@ def random_codec(
         elif leaf in ("original1", "weight_v", "weight") and p.dim() > 1:
             normal(p, (p.numel() / p.shape[0]) ** -0.5)  # about unit gain per output
         elif leaf == "alpha":
-            p.copy_(torch.exp(0.3 * torch.randn(p.shape, generator=gen)))
+            p.copy_(torch.exp(0.3 * torch.randn(p.shape, generator=gen, device=p.device)))
         elif leaf == "gamma":
             p.fill_(0.3)  # layer scale: keep residual branches small
         elif "norm" in name:
@@ -632,8 +633,8 @@ def random_codec(
     # Scale the last conv so that a random code sequence decodes to ~0.25 rms before the tanh.
     model.eval()
     sizes = [config.semantic_codebook_size] + [config.residual_codebook_size] * config.n_residual_codebooks
-    codes = torch.stack([torch.randint(0, n, (1, 16), generator=gen) for n in sizes], dim=1)
-    pre_tanh = model.decoder.model[:-1](model.quantizer.decode(codes.to(device)))
+    codes = torch.stack([torch.randint(0, n, (1, 16), generator=gen, device=gen.device) for n in sizes], dim=1)
+    pre_tanh = model.decoder.model[:-1](model.quantizer.decode(codes))
     last = model.decoder.model[-2].conv
     scale = 0.25 / pre_tanh.std().item()
     last.g_v[0].mul_(scale)

@@ -203,7 +203,7 @@ class FeedForward(nn.Module):
         self.w1 = nn.Linear(dim, hidden, bias=False)
         self.w3 = nn.Linear(dim, hidden, bias=False)
         self.w2 = nn.Linear(hidden, dim, bias=False)
-        self.w13: Tensor | None = None
+        self.register_buffer("w13", None, persistent=False)
 
     def fuse_gate_up(self) -> None:
         """One (2*hidden, dim) matrix for w1 and w3 (one matmul instead of two); w1 and w3 become
