@@ -1,12 +1,11 @@
 #!/usr/bin/env python
-"""Where a decode frame's time goes: kernels per frame and GPU time per part of the step.
+"""Where a decode frame's time goes: kernels per frame and GPU time per kernel kind.
 
     python scripts/profile_step.py --weights random [--compile on|off] [--frames 20] [--json out.json]
 
-Runs the decode step (compiled or not, outside CUDA graphs so the profiler sees each kernel) over
---frames frames at batch 1 under torch.profiler, then prints the kernel count per frame, the GPU
-time per frame, and the GPU time of each labelled part (slow layers, codebook-0 head and
-sampling, fast transformer, fast sampling), next to the graphed wall time per frame.
+Times the graphed step (batch 1, one kv bucket), then runs the same step outside CUDA graphs
+under torch.profiler so that every kernel is seen, and prints the kernels per frame, the GPU
+busy time per frame and the kernels that take the most time.
 """
 
 from __future__ import annotations
@@ -33,7 +32,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
 
     import torch
-    from torch.profiler import ProfilerActivity, profile, record_function
+    from torch.profiler import ProfilerActivity, profile
 
     from engine import compilation
     from engine.config import EngineConfig
@@ -59,22 +58,11 @@ def main(argv=None) -> int:
     torch.cuda.synchronize()
     graphed_ms = (time.perf_counter() - t0) / 200 * 1000
 
-    # Label the parts of the step: the profiler's table then shows each part's GPU time.
-    def labelled(name, fn):
-        def inner(*a, **k):
-            with record_function(name):
-                return fn(*a, **k)
-        return inner
-
-    model.forward_slow = labelled("part: slow transformer", model.forward_slow)
-    model.forward_fast = labelled("part: fast transformer", model.forward_fast)
-    runner.head.logits = labelled("part: codebook-0 head", runner.head.logits)
-    object.__setattr__(runner.ops, "sample", labelled("part: sampling", runner.ops.sample))
     step_views, key_positions = runner._views[1], runner.key_positions[: args.kv]
     with torch.inference_mode():
         runner._step(step_views, key_positions)  # settle
         torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
             for _ in range(args.frames):
                 runner._step(step_views, key_positions)
             torch.cuda.synchronize()
@@ -85,12 +73,10 @@ def main(argv=None) -> int:
     for k in kernels:
         by_name[k.name][0] += 1
         by_name[k.name][1] += k.device_time
-    parts = {e.key: e.device_time_total / args.frames / 1000 for e in prof.key_averages() if e.key.startswith("part:")}
     result = {
         "device": torch.cuda.get_device_name(0), "torch": torch.__version__, "compile": policy.describe(),
         "kv_bucket": args.kv, "graphed_ms_per_frame": graphed_ms, "graphed_frames_per_s": 1000 / graphed_ms,
         "kernels_per_frame": len(kernels) / args.frames, "gpu_ms_per_frame": total_us / args.frames / 1000,
-        "gpu_ms_per_frame_by_part": parts,
         "top_kernels": sorted(((n, cnt / args.frames, t / args.frames) for n, (cnt, t) in by_name.items()),
                               key=lambda r: -r[2])[:25],
     }
@@ -98,8 +84,6 @@ def main(argv=None) -> int:
           f"{result['kernels_per_frame']:.0f}; GPU busy {result['gpu_ms_per_frame']:.3f} ms/frame")
     for name, count, us in result["top_kernels"]:
         print(f"{us:8.1f} us/frame {count:6.1f}x  {name[:110]}")
-    for part, ms in parts.items():
-        print(f"{part:32} {ms:.3f} ms/frame of GPU time")
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))
     return 0
