@@ -66,7 +66,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="weight-only quantization of the transformer [S1_MINI_QUANTIZE; default none]",
     )
     model.add_argument(
-        "--max-batch-size", type=int, help="requests decoded together on the GPU [S1_MINI_MAX_BATCH_SIZE; default 8]"
+        "--max-batch-size", type=int, help="requests the UI runs at once [S1_MINI_MAX_BATCH_SIZE; default 8]; the engine decodes one "
+        "request at a time and queues the rest until continuous batching lands"
     )
     model.add_argument(
         "--max-text-length", type=int,

@@ -12,6 +12,7 @@ from loguru import logger
 from .checkpoints import DEMO_DIR, resolve_checkpoint
 from .config import EngineConfig
 from .device import Placement, choose_placement
+from .errors import InputError
 from .model.codec import ModdedDAC, load_codec, random_codec
 from .model.codec_config import CodecConfig
 from .model.dual_ar import DualARConfig, DualARTransformer, TokenLayout
@@ -40,6 +41,9 @@ def token_layout(tokenizer: S1Tokenizer, codec_config: CodecConfig) -> TokenLayo
 
 
 def load_models(config: EngineConfig) -> LoadedModels:
+    if config.quantize != "none":
+        raise InputError(f"--quantize {config.quantize} is not available in this version yet: the weights run in "
+                         "bf16, fp16 or fp32 (--precision). Start with --quantize none")
     placement = choose_placement(config.device, config.precision)
     if config.demo:
         return _random_models(placement, DEMO_DIR / "config.json", CodecConfig.from_json(DEMO_DIR / "codec_config.json"),

@@ -285,3 +285,8 @@ def test_repo_id_without_network_explains_how_to_get_weights(monkeypatch, tmp_pa
         TTSEngine.from_config(EngineConfig())
     message = str(err.value)
     assert "fishaudio/openaudio-s1-mini" in message and "HF_TOKEN" in message and "--demo" in message
+
+
+def test_quantize_modes_not_built_yet_are_refused_clearly():
+    with pytest.raises(InputError, match="--quantize int8 is not available"):
+        TTSEngine.from_config(EngineConfig(demo=True, quantize="int8"))
