@@ -239,8 +239,8 @@ def test_bad_config_is_a_clear_error(tmp_path, codec_dir, change, message):
 # --- random weights (demo mode) -----------------------------------------------------------------
 
 
-def test_random_codec_is_audible_and_deterministic():
-    config = CodecConfig.tiny()
+def test_random_codec_is_audible_and_deterministic(codec_dir):
+    config = CodecConfig.from_json(codec_dir / "config.json")
     sizes = [config.semantic_codebook_size] + [config.residual_codebook_size] * config.n_residual_codebooks
     gen = torch.Generator().manual_seed(1)
     codes = torch.stack([torch.randint(0, n, (1, 24), generator=gen) for n in sizes], dim=1)

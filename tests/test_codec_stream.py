@@ -46,9 +46,11 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a - b).norm() / b.norm()).item()
 
 
-def wider_config() -> CodecConfig:
-    """tiny(), with a longer transformer window (24), grouped-query attention and a 512-row table."""
-    tiny = CodecConfig.tiny()
+@pytest.fixture(scope="module")
+def wider_config(codec_dir) -> CodecConfig:
+    """The fixture codec's config with a longer transformer window (24), grouped-query attention and
+    a 512-row table."""
+    tiny = CodecConfig.from_json(codec_dir / "config.json")
     qt = dataclasses.replace(tiny.quantizer_transformer, window_size=24, block_size=512, n_local_heads=2)
     return dataclasses.replace(tiny, quantizer_transformer=qt)
 
@@ -70,8 +72,8 @@ def fixture_codec(codec_dir):
 
 
 @pytest.fixture(scope="module")
-def wide_codec():
-    return random_codec(wider_config(), seed=5)
+def wide_codec(wider_config):
+    return random_codec(wider_config, seed=5)
 
 
 class Whole:
@@ -145,10 +147,10 @@ def test_unfused_weight_norm_codec_streams(codec_dir, fixture_codec, fixture_who
     assert max_diff(audio, whole) <= FP32_ATOL
 
 
-def test_stream_past_rope_table_end_equals_codec_with_longer_table():
+def test_stream_past_rope_table_end_equals_codec_with_longer_table(wider_config):
     # block_size 64: a whole decode stops there; the stream goes on with rows of the same formula, so
     # it equals a whole decode by the same weights with a 512-row table.
-    wide = wider_config()
+    wide = wider_config
     short_qt = dataclasses.replace(wide.quantizer_transformer, block_size=64)
     short = dataclasses.replace(wide, quantizer_transformer=short_qt)
     short_codec, long_codec = random_codec(short, seed=5), random_codec(wide, seed=5)

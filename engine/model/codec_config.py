@@ -145,43 +145,6 @@ class CodecConfig:
             rmsnorm_eps=1e-5,
         )
 
-    @classmethod
-    def tiny(cls) -> "CodecConfig":
-        """A ~1M-parameter codec of the same layout and frame rate, for demo mode and tests."""
-        return cls(
-            sample_rate=44100,
-            causal=True,
-            encoder_dim=4,
-            encoder_rates=(2, 4, 8, 8),
-            encoder_block_dims=(8, 16, 32, 64),
-            latent_dim=64,
-            hop_length=512,
-            downsample_factor=(2, 2),
-            frame_length=2048,
-            decoder_dim=96,
-            decoder_rates=(8, 8, 4, 2),
-            decoder_block_dims=(48, 24, 12, 6),
-            decoder_transformer_layers=(2, 0, 0, 0),
-            encoder_transformer=EncoderTransformerConfig(
-                in_block=3, layers_per_block=(0, 0, 0, 2), dim=64, n_head=1, n_local_heads=1,
-                head_dim=64, intermediate_size=192, window_size=512, block_size=576,
-                rope_base=10000, norm_eps=1e-5, layer_scale=True,
-            ),
-            quantizer_transformer=QuantizerTransformerConfig(
-                modules=("pre_module", "post_module"), n_layer=2, dim=64, n_head=4,
-                n_local_heads=4, head_dim=16, intermediate_size=192, window_size=8,
-                block_size=256, rope_base=10000, norm_eps=1e-5, layer_scale=True,
-            ),
-            convnext=ConvNeXtConfig(dim=64, kernel_size=7, mlp_ratio=4, layernorm_eps=1e-6),
-            semantic_codebook_size=4096,
-            n_residual_codebooks=9,
-            residual_codebook_size=1024,
-            codebook_dim=8,
-            num_codebooks_total=10,
-            snake_eps=1e-9,
-            rmsnorm_eps=1e-5,
-        )
-
     def _validate(self):
         def check(ok: bool, msg: str):
             if not ok:
