@@ -64,11 +64,15 @@ class StepRunner:
         # Regional compilation: one compiled transformer block serves all 28 slow layers (and one
         # the 4 fast ones), one compiled sampler every codebook; the eager glue between them is
         # captured in the same CUDA graph, so it costs no launch overhead at replay.
-        ops = self.ops = StepOps()
+        ops = StepOps()
+        self.prefill_block = call_block
         if self.policy.compile:
             mode = self.policy.torch_compile_mode
-            ops = self.ops = StepOps(torch.compile(call_block, fullgraph=True, mode=mode),
-                                     torch.compile(sample, fullgraph=True, mode=mode))
+            ops = StepOps(torch.compile(call_block, fullgraph=True, mode=mode),
+                          torch.compile(sample, fullgraph=True, mode=mode))
+            # Prefill lengths vary: a default-mode compile (autotuning every length would take minutes).
+            self.prefill_block = torch.compile(call_block, fullgraph=True)
+        self.ops = ops
 
         def step(state: DecodeState, key_positions: Tensor) -> None:
             decode_step(self.model, self.head, self.cache, self.fast_cache, state, key_positions, ops)
@@ -132,7 +136,7 @@ class StepRunner:
             positions = torch.arange(length, device=prompt.device)[None]
             with torch.inference_mode():
                 self.model.forward_slow(prompt[None, :, :length].long(), self.cache.views(positions, length, slot),
-                                        self.ops.run_block)
+                                        self.prefill_block)
 
     def generate(self, prompt: Tensor, *, temperature: float, top_p: float, repetition_penalty: float,
                  noise_key: int, max_new_tokens: int, check_cancelled=lambda: None,
