@@ -268,7 +268,8 @@ def environment() -> dict:
     return {
         "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
         "torch": torch.__version__,
-        "commit": commit.stdout.strip() or "unknown",
+        # A copy of the tree without .git (a benchmark machine) can name its commit in S1_COMMIT.
+        "commit": commit.stdout.strip() or os.environ.get("S1_COMMIT", "unknown"),
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
         "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
     }
