@@ -1,0 +1,74 @@
+"""The compile policy: every platform gets a decision and a reason, never a crash."""
+
+import os
+
+import pytest
+import torch
+
+from engine import compilation
+from engine.compilation import Environment, decide
+from engine.errors import DeviceError
+from engine.runtime.step_runner import bucket_for, buckets_up_to
+
+CUDA = torch.device("cuda")
+LINUX_TRITON = Environment("Linux", "2.13.0", True, "3.7.0")
+WINDOWS_NO_TRITON = Environment("Windows", "2.13.0", True, None)
+
+
+def test_cuda_with_triton_compiles_and_captures_graphs():
+    policy = decide("auto", CUDA, LINUX_TRITON)
+    assert policy.compile and policy.cuda_graphs
+    assert "Triton 3.7.0" in policy.describe()
+
+
+def test_windows_without_triton_runs_the_eager_step_in_graphs():
+    policy = decide("auto", CUDA, WINDOWS_NO_TRITON)
+    assert not policy.compile and policy.cuda_graphs
+    assert "no Triton" in policy.reason
+
+
+def test_compile_on_without_triton_is_a_clear_error():
+    with pytest.raises(DeviceError, match="--no-compile"):
+        decide("on", CUDA, WINDOWS_NO_TRITON)
+
+
+def test_no_compile_keeps_cuda_graphs():
+    policy = decide("off", CUDA, LINUX_TRITON)
+    assert not policy.compile and policy.cuda_graphs
+
+
+@pytest.mark.parametrize("device", ["cpu", "mps"])
+@pytest.mark.parametrize("mode", ["auto", "on", "off"])
+def test_cpu_and_mps_run_eager_whatever_is_asked(device, mode):
+    policy = decide(mode, torch.device(device), LINUX_TRITON)
+    assert not policy.compile and not policy.cuda_graphs
+    assert device in policy.reason
+
+
+def test_max_autotune_mode_maps_to_torch_without_its_cudagraphs():
+    policy = decide("auto", CUDA, LINUX_TRITON, compile_mode="max-autotune")
+    assert policy.torch_compile_mode == "max-autotune-no-cudagraphs"
+    assert decide("auto", CUDA, LINUX_TRITON).torch_compile_mode == "default"
+
+
+def test_caches_go_under_the_cache_dir_unless_set(tmp_path, monkeypatch):
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "mine"))
+    dirs = compilation.configure_caches(tmp_path / "compile")
+    assert dirs["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "compile" / "inductor")
+    assert dirs["TRITON_CACHE_DIR"] == str(tmp_path / "mine")  # the user's choice wins
+    assert os.path.isdir(dirs["TORCHINDUCTOR_CACHE_DIR"])
+
+
+def test_environment_detection_reports_this_machine():
+    env = Environment.detect()
+    assert env.torch == torch.__version__ and env.cuda == torch.cuda.is_available()
+
+
+def test_kv_buckets_cover_every_length_up_to_capacity():
+    sizes = buckets_up_to(4096, 256)
+    assert sizes == [256, 512, 1024, 2048, 4096]
+    assert buckets_up_to(2560, 256)[-1] == 2560
+    assert [bucket_for(n, sizes) for n in (1, 256, 257, 4096)] == [256, 256, 512, 4096]
+    with pytest.raises(ValueError):
+        bucket_for(4097, sizes)
