@@ -17,7 +17,7 @@ import torch
 from .compilation import CompilePolicy
 from .errors import InputError
 from .loader import LoadedModels
-from .model.codec_stream import StreamingDecoder
+from .model.codec_stream import StreamingDecoder, encode_chunked
 from .params import SamplingParams
 from .references import ReferenceCodeCache
 from .runtime.kv_cache import KVCache
@@ -28,6 +28,7 @@ from .text.prompt import build_prompt
 # Prompts must leave this much context for generation (the reference demands 2048 of its 8192).
 MIN_GENERATION_ROOM = 1024
 SEAM_FADE_SECONDS = 0.01
+REFERENCE_CHUNK_FRAMES = 64  # ~3 s of reference audio encoded at a time
 
 
 @dataclass
@@ -62,10 +63,13 @@ class Synthesizer:
         return self.models.codec.config.sample_rate
 
     def encode_reference(self, samples: np.ndarray) -> torch.Tensor:
-        """Runs on the worker thread (via the cache): 44.1 kHz samples -> (num_codebooks, T) codes."""
+        """Runs on the worker thread (via the cache): 44.1 kHz samples -> (num_codebooks, T) codes.
+
+        In chunks with carried state: the same codes as one whole encode, with the activations of
+        one chunk at a time (fp32, like the reference)."""
         audio = torch.from_numpy(samples).to(self.models.placement.device).view(1, 1, -1)
         with torch.inference_mode():
-            return self.models.codec.encode(audio)[0].cpu()
+            return encode_chunked(self.models.codec, audio, REFERENCE_CHUNK_FRAMES)[0].cpu()
 
     def run(self, request: PreparedRequest, job: Job) -> None:
         voice = [(text, self.reference_cache.get_codes(samples)) for samples, text in request.references]

@@ -393,7 +393,11 @@ class Quantizer(nn.Module):
 
     def encode(self, z: Tensor) -> Tensor:
         """(B, latent_dim, 4T) -> codes (B, 1 + n_residual, T)."""
-        z = self.pre_module(self.downsample(z))
+        return self.quantize_latent(self.pre_module(self.downsample(z)))
+
+    def quantize_latent(self, z: Tensor) -> Tensor:
+        """(B, latent_dim, T) pre_module output -> codes: the semantic VQ, then the residual VQs in
+        sequence on what it leaves. Frame by frame: no state across frames."""
         z_sem, sem_codes = self.semantic_quantizer.quantize(z)
         _, res_codes = self.quantizer.quantize(z - z_sem)
         return torch.cat([sem_codes, res_codes], 1)

@@ -43,6 +43,8 @@ from .codec import (
     ConvNeXtBlock,
     Decoder,
     DecoderBlock,
+    Encoder,
+    EncoderBlock,
     ModdedDAC,
     ResidualUnit,
     Snake1d,
@@ -53,7 +55,7 @@ from .codec import (
     weight_norm,
 )
 
-__all__ = ["StreamingDecoder", "decode_chunked"]
+__all__ = ["StreamingDecoder", "decode_chunked", "encode_chunked"]
 
 MAX_POSITIONS = 2**24  # fp32 represents every integer position up to here
 
@@ -274,7 +276,7 @@ def _streamer(m: nn.Module, batch: int, rope_base: float) -> _Streamer:
         return _Transformer(m, batch, rope_base)
     if isinstance(m, ResidualUnit):
         return _Residual(_streamer(m.block, batch, rope_base))
-    if isinstance(m, (DecoderBlock,)):
+    if isinstance(m, (DecoderBlock, EncoderBlock, Encoder)):
         return _streamer(m.block, batch, rope_base)
     if isinstance(m, Decoder):
         return _streamer(m.model, batch, rope_base)
@@ -355,3 +357,30 @@ def decode_chunked(codec: ModdedDAC, codes: Tensor, chunk_frames: int | Iterable
     if not out:
         out.append(dec.decode(codes))
     return torch.cat(out, -1)
+
+
+def encode_chunked(codec: ModdedDAC, audio: Tensor, chunk_frames: int) -> Tensor:
+    """`codec.encode` of a whole clip, computed chunk_frames frames at a time with carried state.
+
+    The encode path (encoder, downsample, pre_module) is causal like the decode path, and the VQ
+    works frame by frame, so streaming it gives the same codes while the activations held at once
+    are those of one chunk instead of the whole clip (a 10 s reference in fp32 otherwise needs
+    ~0.6 GB of activations). Chunks hold whole frames, so every strided conv sees whole strides.
+    """
+    if audio.dim() != 3 or audio.shape[1] != 1 or audio.shape[-1] == 0:
+        raise ValueError(f"audio must be (B, 1, n) with n > 0, got {tuple(audio.shape)}")
+    if chunk_frames < 1:
+        raise ValueError(f"chunk_frames must be >= 1, got {chunk_frames}")
+    cfg, q = codec.config, codec.quantizer
+    audio = F.pad(audio, (0, -audio.shape[-1] % cfg.frame_length)).to(codec.dtype)
+    batch = audio.shape[0]
+    encoder = _streamer(codec.encoder, batch, cfg.encoder_transformer.rope_base)
+    downsample = _streamer(q.downsample, batch, cfg.quantizer_transformer.rope_base)
+    pre_module = _streamer(q.pre_module, batch, cfg.quantizer_transformer.rope_base)
+    step = chunk_frames * cfg.frame_length
+    codes = []
+    with torch.no_grad():
+        for start in range(0, audio.shape[-1], step):
+            z = pre_module.step(downsample.step(encoder.step(audio[..., start:start + step])))
+            codes.append(q.quantize_latent(z))
+    return torch.cat(codes, -1)
