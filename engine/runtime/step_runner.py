@@ -90,9 +90,12 @@ class StepRunner:
             for length in (17, 33):
                 self.prefill(0, torch.zeros(self.model.config.num_codebooks + 1, length, dtype=torch.long,
                                             device=self.key_positions.device))
+            logger.info("prefill compiled in {:.1f} s", time.perf_counter() - started)
         for batch in batch_sizes or self.batch_buckets:
             for kv in self.kv_buckets:
+                bucket_started = time.perf_counter()
                 self._capture(batch, kv)
+                logger.debug("graph for batch {} kv {} in {:.2f} s", batch, kv, time.perf_counter() - bucket_started)
         self.state.positions.zero_()
         seconds = time.perf_counter() - started
         logger.info("captured {} CUDA graphs ({}) in {:.1f} s", len(self._graphs), self.policy.describe(), seconds)
