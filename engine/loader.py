@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -67,8 +68,12 @@ def _random_models(placement: Placement, llm_config_path: Path, codec_config: Co
     llm_config = DualARConfig.from_json(llm_config_path)
     if std is not None:
         llm_config = DualARConfig(**{**llm_config.__dict__, "initializer_range": std})
+    started = time.perf_counter()
     codec = _place_codec(random_codec(codec_config, seed=0, device=placement.device), placement)
+    codec_done = time.perf_counter()
     model = random_dual_ar(llm_config, token_layout(tokenizer, codec_config), placement.device, placement.dtype).fuse_()
+    logger.debug("random weights: codec {:.1f} s, transformer {:.1f} s", codec_done - started,
+                 time.perf_counter() - codec_done)
     if end_boost != 1.0:
         model.output.weight[tokenizer.im_end_id] *= end_boost
     logger.warning("{}", description)

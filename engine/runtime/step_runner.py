@@ -43,6 +43,20 @@ def bucket_for(n: int, sizes: list[int]) -> int:
     raise ValueError(f"{n} exceeds the largest bucket {sizes[-1]}")
 
 
+def _length_generic(compiled_block):
+    """Mark the sequence length of a prefill block's inputs dynamic before calling it."""
+
+    def run(layer, x, rope, kv):
+        for tensor, dim in ((x, 1), (rope, 1), (kv.positions, 1), (kv.key_positions, 0)):
+            torch._dynamo.maybe_mark_dynamic(tensor, dim)
+        if kv.mask is not None:
+            torch._dynamo.maybe_mark_dynamic(kv.mask, 2)
+            torch._dynamo.maybe_mark_dynamic(kv.mask, 3)
+        return compiled_block(layer, x, rope, kv)
+
+    return run
+
+
 class StepRunner:
     def __init__(self, model: DualARTransformer, cache: KVCache, policy: CompilePolicy, *, exact_vocab: bool = False):
         c = model.config
@@ -70,8 +84,9 @@ class StepRunner:
             mode = self.policy.torch_compile_mode
             ops = StepOps(torch.compile(call_block, fullgraph=True, mode=mode),
                           torch.compile(sample, fullgraph=True, mode=mode))
-            # Prefill lengths vary: a default-mode compile (autotuning every length would take minutes).
-            self.prefill_block = torch.compile(call_block, fullgraph=True)
+            # Prefill lengths vary: a default-mode compile (autotuning every length would take minutes),
+            # length-generic from its first call (one compile instead of a static one, then another).
+            self.prefill_block = _length_generic(torch.compile(call_block, fullgraph=True))
         self.ops = ops
 
         def step(state: DecodeState, key_positions: Tensor) -> None:
@@ -86,10 +101,9 @@ class StepRunner:
         if not self.policy.cuda_graphs:
             return 0.0
         started = time.perf_counter()
-        if self.policy.compile:  # two prompt lengths: the second compiles the length-generic block
-            for length in (17, 33):
-                self.prefill(0, torch.zeros(self.model.config.num_codebooks + 1, length, dtype=torch.long,
-                                            device=self.key_positions.device))
+        if self.policy.compile:
+            self.prefill(0, torch.zeros(self.model.config.num_codebooks + 1, 17, dtype=torch.long,
+                                        device=self.key_positions.device))
             logger.info("prefill compiled in {:.1f} s", time.perf_counter() - started)
         for batch in batch_sizes or self.batch_buckets:
             for kv in self.kv_buckets:
