@@ -7,7 +7,7 @@ variables as fallbacks. This is the only module that reads the environment for e
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 from .errors import InputError
@@ -81,9 +81,6 @@ class EngineConfig:
                 values[f.name] = _parse(f.name, raw, f.type)
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)
-
-    def with_(self, **changes) -> "EngineConfig":
-        return replace(self, **changes)
 
 
 def _one_of(name: str, value: str, allowed: tuple[str, ...]):

@@ -336,15 +336,3 @@ class DualARTransformer(nn.Module):
         if n_logits == 0:
             return None
         return F.linear(self.fast_norm(x), self.fast_output.weight[:n_logits])
-
-
-def init_random_(model: DualARTransformer, std: float, seed: int) -> DualARTransformer:
-    """Random weights (normal for Linear/Embedding, ones for norms) for demo and benchmark runs."""
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if name.endswith("norm.weight"):
-                param.fill_(1.0)
-            else:
-                param.copy_(torch.randn(param.shape, generator=gen) * std)
-    return model
