@@ -1,0 +1,38 @@
+"""EngineConfig: S1_MINI_* variables, overrides, and clear errors for bad values."""
+
+import pytest
+
+from engine.config import EngineConfig
+from engine.errors import InputError
+
+
+def test_env_values_are_parsed_by_type_and_overrides_win():
+    env = {"S1_MINI_DEMO": "yes", "S1_MINI_MAX_QUEUE": "7", "S1_MINI_MAX_REFERENCE_SECONDS": "30.5",
+           "S1_MINI_SEED": "", "S1_MINI_DEVICE": "cpu", "S1_MINI_COMPILE": "off"}
+    config = EngineConfig.from_env(env, compile="auto", checkpoint=None)
+    assert config.demo is True and config.max_queue == 7 and config.max_reference_seconds == 30.5
+    assert config.seed is None and config.device == "cpu"
+    assert config.compile == "auto"  # the override wins; None overrides are ignored
+    assert EngineConfig.from_env({}) == EngineConfig()
+
+
+@pytest.mark.parametrize("env, message", [
+    ({"S1_MINI_DEMO": "maybe"}, "true or false"),
+    ({"S1_MINI_MAX_QUEUE": "lots"}, "must be a number"),
+    ({"S1_MINI_PRECISION": "int3"}, "precision must be one of"),
+    ({"S1_MINI_DEVICE": "tpu"}, "device must be one of"),
+    ({"S1_MINI_MAX_CONTEXT": "-1"}, "max_context"),
+    ({"S1_MINI_MAX_BATCH_SIZE": "0"}, "max_batch_size"),
+])
+def test_bad_values_are_explained(env, message):
+    with pytest.raises(InputError, match=message):
+        EngineConfig.from_env(env)
+
+
+def test_demo_and_random_weights_exclude_each_other():
+    with pytest.raises(InputError, match="not both"):
+        EngineConfig(demo=True, random_weights=True)
+
+
+def test_cuda_with_an_index_is_a_valid_device():
+    assert EngineConfig(device="cuda:1").device == "cuda:1"
