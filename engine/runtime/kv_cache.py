@@ -48,21 +48,3 @@ class KVCache:
                                              torch.arange(position + 1, device=device))
         return self._constant_positions[key]
 
-    def codebook_positions(self, batch: int, position: int) -> tuple[Tensor, Tensor]:
-        """(positions (batch, 1) all equal to `position`, arange(position + 1)), made once and reused,
-        so that a captured step replays no kernels to rebuild them."""
-        key = (batch, position)
-        if key not in self._constant_positions:
-            device = self.k.device
-            self._constant_positions[key] = (torch.full((batch, 1), position, dtype=torch.int64, device=device),
-                                             torch.arange(position + 1, device=device))
-        return self._constant_positions[key]
-
-    @property
-    def nbytes(self) -> int:
-        return self.k.numel() * self.k.element_size() * 2
-
-    @staticmethod
-    def bytes_per_token(n_layers: int, n_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
-        return 2 * n_layers * n_kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
-
