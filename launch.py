@@ -66,8 +66,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="weight-only quantization of the transformer [S1_MINI_QUANTIZE; default none]",
     )
     model.add_argument(
-        "--max-batch-size", type=int, help="requests the UI runs at once [S1_MINI_MAX_BATCH_SIZE; default 8]; the engine decodes one "
-        "request at a time and queues the rest until continuous batching lands"
+        "--max-batch-size", type=int, help="sequences decoded at once by continuous batching (KV slots); 0 = auto: 64 "
+        "on CUDA, capped by free memory, 4 elsewhere [S1_MINI_MAX_BATCH_SIZE; default 0]"
     )
     model.add_argument(
         "--max-text-length", type=int,
@@ -266,7 +266,7 @@ def serve(config, plan: ServerPlan) -> int:
         "model ready in {:.1f} s: {} on {} ({}), compile: {}", time.perf_counter() - started,
         stats.get("model"), stats.get("device"), stats.get("precision"), stats.get("compile"),
     )
-    settings = AppSettings(api_key=plan.api_key, root_path=plan.root_path, ui_concurrency=config.max_batch_size)
+    settings = AppSettings(api_key=plan.api_key, root_path=plan.root_path, ui_concurrency=engine.slots)
     if not settings.stream_ui_audio:
         logger.warning("ffmpeg not found on PATH: the UI plays audio when complete instead of streaming it")
     app = create_app(engine, settings)

@@ -38,7 +38,8 @@ class EngineConfig:
     # benchmarks Triton matmul templates (longer first compile, cached afterwards).
     compile_mode: str = "default"
     quantize: str = "none"
-    max_batch_size: int = 8
+    # Sequences decoded at once (KV slots); 0 = auto: 64 on CUDA (capped by free memory), 4 elsewhere.
+    max_batch_size: int = 0
     max_text_length: int = 2000  # characters per request; 0 = no limit
     max_queue: int = 64
     max_reference_seconds: float = 90.0
@@ -60,9 +61,10 @@ class EngineConfig:
         _one_of("quantize", self.quantize, QUANTIZE_MODES)
         if self.demo and self.random_weights:
             raise InputError("choose either demo (tiny model) or random_weights (full size), not both")
-        for name in ("max_batch_size", "max_queue"):
-            if getattr(self, name) < 1:
-                raise InputError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.max_batch_size < 0:
+            raise InputError(f"max_batch_size must be >= 0 (0 = auto), got {self.max_batch_size}")
+        if self.max_queue < 1:
+            raise InputError(f"max_queue must be at least 1, got {self.max_queue}")
         if self.max_text_length < 0:
             raise InputError(f"max_text_length must be >= 0 (0 = no limit), got {self.max_text_length}")
         if self.max_context < 0:

@@ -69,3 +69,26 @@ def memory_gb(device: torch.device) -> tuple[float | None, float | None]:
     if device.type != "cuda":
         return None, None
     return torch.cuda.memory_allocated(device) / 1e9, torch.cuda.max_memory_allocated(device) / 1e9
+
+
+# Concurrent sequences (KV slots) when max_batch_size is 0 (auto).
+AUTO_SLOTS = {"cuda": 64}
+AUTO_SLOTS_ELSEWHERE = 4
+KV_MEMORY_SHARE = 0.5  # of the free GPU memory; the rest is for graphs, codec activations, prefixes
+
+
+def slots_that_fit(requested: int, bytes_per_slot: int, device: torch.device) -> tuple[int, str]:
+    """How many KV slots to allocate, and why: `requested` (0 = auto), capped on CUDA by what fits
+    in KV_MEMORY_SHARE of the free memory."""
+    wanted = requested or AUTO_SLOTS.get(device.type, AUTO_SLOTS_ELSEWHERE)
+    how = "as configured" if requested else f"auto for {device.type}"
+    if device.type != "cuda":
+        return wanted, how
+    free, _ = torch.cuda.mem_get_info(device)
+    fit = int(free * KV_MEMORY_SHARE // bytes_per_slot)
+    if fit < 1:
+        raise DeviceError(f"not enough free GPU memory for one sequence ({bytes_per_slot / 1e9:.2f} GB of KV cache "
+                          f"needed, {free / 1e9:.2f} GB free); lower --max-context or free the GPU")
+    if fit < wanted:
+        return fit, f"{how}, capped to what fits in half of the {free / 1e9:.1f} GB free GPU memory"
+    return wanted, how

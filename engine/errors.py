@@ -39,3 +39,7 @@ class QueueFullError(S1Error):
     def __init__(self, message: str, retry_after_s: float = 1.0):
         super().__init__(message)
         self.retry_after_s = retry_after_s
+
+
+class Cancelled(S1Error):
+    """The caller of a request went away (closed its stream, disconnected); its work was dropped."""

@@ -9,6 +9,7 @@ import os
 import secrets
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, Sequence
 
@@ -18,16 +19,18 @@ from loguru import logger
 from . import compilation
 from .audio import load_audio
 from .config import EngineConfig
-from .device import memory_gb
+from .device import memory_gb, slots_that_fit
 from .errors import InputError
 from .loader import LoadedModels, load_models
 from .params import SamplingParams
 from .references import ReferenceCodeCache, VoiceStore, default_cache_dir, default_voices_dir
+from .runtime.kv_cache import bytes_per_slot
 from .runtime.worker import GPUWorker
 from .synthesis import AudioChunk, PreparedRequest, Synthesizer
 from .text.splitter import split_text
 
 WARMUP_TEXT = "Hello world."
+PREFIX_CACHE_BYTES = 2 * 1024**3  # prefilled voice prefixes kept on the device (~18k positions at full size)
 
 
 @dataclass(frozen=True)
@@ -57,17 +60,23 @@ class TTSEngine:
         self.policy = compilation.decide(config.compile, models.placement.device, compile_mode=config.compile_mode)
         if self.policy.compile:
             compilation.configure_caches(cache_dir / "compile")
+        c = models.model.config
+        capacity = min(c.max_seq_len, config.max_context or c.max_seq_len)
+        self.slots, slots_reason = slots_that_fit(
+            config.max_batch_size,
+            bytes_per_slot(c.n_layer, c.n_local_heads, capacity, c.head_dim, models.placement.dtype),
+            models.placement.device)
         self._synthesizer = Synthesizer(models, self.reference_cache, self.policy, config.exact_sampling,
-                                       config.max_context)
+                                       config.max_context, self.slots, PREFIX_CACHE_BYTES)
         self.voices = VoiceStore(default_voices_dir(config.voices_dir), max_seconds=config.max_reference_seconds)
-        self._worker = GPUWorker(config.max_queue)
+        self._worker = GPUWorker(self.slots + config.max_queue, iterate=self._synthesizer.iterate)
         self._stats_lock = threading.Lock()
         self._counters = {"requests_total": 0, "errors_total": 0, "frames_total": 0, "audio_seconds_total": 0.0}
         self._last_frames_per_s: float | None = None
         self.is_ready = False
-        logger.info("engine loaded: {} on {} ({}); decode: {}; cache dir {}; voices {}",
-                    models.description, models.placement.device, models.placement.reason, self.policy.describe(),
-                    cache_dir, self.voices.root)
+        logger.info("engine loaded: {} on {} ({}); decode: {}; {} concurrent sequences ({}; KV slots of {} positions); "
+                    "cache dir {}; voices {}", models.description, models.placement.device, models.placement.reason,
+                    self.policy.describe(), self.slots, slots_reason, capacity, cache_dir, self.voices.root)
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> "TTSEngine":
@@ -95,15 +104,27 @@ class TTSEngine:
     def synthesize_batch(self, texts: Sequence[str], *, references: Sequence[ReferenceInput] = (),
                          voice: str | None = None, params: SamplingParams | None = None,
                          progress: Callable[[int, int], None] | None = None) -> list[SynthesisResult | Exception]:
-        """Every item gets a result or its own error; one bad item never fails the others."""
-        results: list[SynthesisResult | Exception] = []
-        for done, text in enumerate(texts, start=1):
+        """Every item gets a result or its own error; one bad item never fails the others.
+
+        Items run concurrently on the scheduler, at most one per KV slot at a time from this call."""
+        results: list[SynthesisResult | Exception | None] = [None] * len(texts)
+        done = 0
+        lock = threading.Lock()
+
+        def run(index: int) -> None:
+            nonlocal done
             try:
-                results.append(self.synthesize(text, references=references, voice=voice, params=params))
+                results[index] = self.synthesize(texts[index], references=references, voice=voice, params=params)
             except InputError as exc:
-                results.append(exc)
-            if progress is not None:
-                progress(done, len(texts))
+                results[index] = exc
+            with lock:
+                done += 1
+                if progress is not None:
+                    progress(done, len(texts))
+
+        with ThreadPoolExecutor(max_workers=max(1, min(self.slots, len(texts))), thread_name_prefix="s1-batch") as pool:
+            for future in [pool.submit(run, i) for i in range(len(texts))]:
+                future.result()  # re-raises what is not the item's own fault (e.g. the engine is closed)
         return results
 
     def warmup(self) -> None:
@@ -118,7 +139,7 @@ class TTSEngine:
     def _stream_chunks(self, text, references, voice, params, stats: dict) -> Iterator[AudioChunk]:
         request = self._prepare(text, references, voice, params)
         started = time.perf_counter()
-        job = self._worker.submit(lambda j: self._synthesizer.run(request, j))
+        job = self._worker.submit(lambda j: self._synthesizer.start(request, j))
         frames, samples = 0, 0
         try:
             for chunk in job.results():
@@ -169,6 +190,7 @@ class TTSEngine:
 
     def stats(self) -> dict:
         placement = self.models.placement
+        scheduler = self._synthesizer.scheduler
         allocated, peak = memory_gb(placement.device)
         with self._stats_lock:
             counters = dict(self._counters)
@@ -180,8 +202,10 @@ class TTSEngine:
             "compile": self.policy.describe(),
             "memory_gb": allocated,
             "peak_memory_gb": peak,
-            "queue_depth": self._worker.queue_depth,
-            "running": self._worker.running,
+            "queue_depth": max(self._worker.in_flight - scheduler.running, 0),
+            "running": scheduler.running,
+            "slots": self.slots,
+            "prefix_cache": self._synthesizer.prefix_cache.stats(),
             "frames_per_s": self._last_frames_per_s,
             "ready": self.is_ready,
             "reference_cache": self.reference_cache.stats(),

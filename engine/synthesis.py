@@ -1,29 +1,36 @@
-"""One request on the GPU worker: reference codes, prompts per text chunk, frames, audio.
+"""Requests on the GPU worker: reference codes, prompts per text chunk, frames, audio.
 
 Long text is split into chunks at sentence boundaries and generated in order. Every chunk is
 prompted with the same voice: the given references, or, without any, the first chunk's own
 output as the reference for the rest (so an unprompted voice stays the same across chunks).
-Frames are decoded to audio as they arrive, by a streaming codec decoder whose output equals a
-whole-chunk decode. Chunks are joined with short fades so that no click appears at a seam.
+Each chunk is one sequence for the scheduler, which runs the sequences of all requests together;
+their frames are decoded to audio together as they arrive, by a streaming codec decoder whose
+output equals a whole-chunk decode. Chunks are joined with short fades so that no click appears
+at a seam.
 """
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 
 import numpy as np
 import torch
+from loguru import logger
 
 from .compilation import CompilePolicy
 from .errors import InputError
 from .loader import LoadedModels
-from .model.codec_stream import StreamingDecoder, encode_chunked
+from .model.codec_stream import encode_chunked
 from .params import SamplingParams
 from .references import ReferenceCodeCache
+from .runtime.codec_runner import CodecRunner
 from .runtime.kv_cache import KVCache
+from .runtime.prefix_cache import PrefixCache
+from .runtime.scheduler import Scheduler, SequenceSpec
 from .runtime.step_runner import StepRunner
 from .runtime.worker import Job
-from .text.prompt import build_prompt
+from .text.prompt import text_part, voice_prefix
 
 # Prompts must leave this much context for generation (the reference demands 2048 of its 8192).
 MIN_GENERATION_ROOM = 1024
@@ -48,15 +55,17 @@ class AudioChunk:
 
 class Synthesizer:
     def __init__(self, models: LoadedModels, reference_cache: ReferenceCodeCache, policy: CompilePolicy,
-                 exact_sampling: bool, max_context: int):
+                 exact_sampling: bool, max_context: int, slots: int, prefix_cache_bytes: int):
         self.models = models
         self.reference_cache = reference_cache
         c = models.model.config
         self.capacity = min(c.max_seq_len, max_context or c.max_seq_len)
-        cache = KVCache(c.n_layer, 1, c.n_local_heads, self.capacity, c.head_dim,
+        cache = KVCache(c.n_layer, slots, c.n_local_heads, self.capacity, c.head_dim,
                         models.placement.dtype, models.placement.device)
         self.runner = StepRunner(models.model, cache, policy, exact_vocab=exact_sampling)
-        self.decoder = StreamingDecoder(models.codec)
+        self.prefix_cache = PrefixCache(cache, prefix_cache_bytes)
+        self.scheduler = Scheduler(self.runner, self.prefix_cache)
+        self.codec_runner = CodecRunner(models.codec, slots)
 
     @property
     def sample_rate(self) -> int:
@@ -71,40 +80,87 @@ class Synthesizer:
         with torch.inference_mode():
             return encode_chunked(self.models.codec, audio, REFERENCE_CHUNK_FRAMES)[0].cpu()
 
-    def run(self, request: PreparedRequest, job: Job) -> None:
-        voice = [(text, self.reference_cache.get_codes(samples)) for samples, text in request.references]
-        last = len(request.chunks) - 1
-        for index, text in enumerate(request.chunks):
-            fader = SeamFader(int(SEAM_FADE_SECONDS * self.sample_rate), fade_in=index > 0, fade_out=index < last)
-            self.decoder.reset()
-            blocks = []
-            for block in self._generate_chunk(text, voice, request, index, job):
-                blocks.append(block)
-                with torch.inference_mode():
-                    audio = self.decoder.decode(block[None])[0, 0].cpu().numpy()
-                job.emit(AudioChunk(fader.push(audio), block.shape[1], index))
-            job.emit(AudioChunk(fader.finish(), 0, index))
-            if not request.references and index == 0 and blocks:
-                voice = [(text, torch.cat(blocks, dim=1).cpu())]
+    def start(self, request: PreparedRequest, job: Job) -> None:
+        """On the worker thread: resolve the voice and queue the request's first chunk."""
+        RequestRun(self, request, job).begin()
 
-    def _generate_chunk(self, text: str, voice, request: PreparedRequest, index: int, job: Job):
-        """Yield (num_codebooks, n) code blocks on the device as the model produces them."""
-        m = self.models
-        prompt = build_prompt(m.tokenizer, text, voice, num_codebooks=m.model.config.num_codebooks)
-        limit = self.capacity - MIN_GENERATION_ROOM
+    def iterate(self) -> bool:
+        """One scheduler iteration and the audio of what it harvested; True while work remains."""
+        harvests = []
+        try:
+            harvests = self.scheduler.iteration()
+            audio = self.codec_runner.decode(harvests)
+        except Exception as exc:  # a batched step or decode failed: its sequences fail, the worker lives
+            logger.exception("decode step failed; failing the requests in it")
+            for h in harvests:
+                h.owner.fail(exc)
+            self.scheduler.fail_all(exc)
+            return self.scheduler.busy
+        for harvest, samples in zip(harvests, audio):
+            try:
+                harvest.owner.deliver(samples, harvest.codes, harvest.final)
+            except Exception as exc:  # e.g. the next chunk's prompt is too long: that request alone fails
+                harvest.owner.fail(exc)
+        return self.scheduler.busy
+
+
+class RequestRun:
+    """One request's progress through its text chunks; the scheduler's owner of its sequences."""
+
+    def __init__(self, synth: Synthesizer, request: PreparedRequest, job: Job):
+        self.synth, self.request, self.job = synth, request, job
+        self.index = 0
+        self.voice: list[tuple[str, torch.Tensor]] = []
+        self.fader: SeamFader | None = None
+        self._first_chunk_codes: list[torch.Tensor] = []
+
+    @property
+    def cancelled(self) -> bool:
+        return self.job.cancelled
+
+    def fail(self, exc: BaseException) -> None:
+        self.job.finish(exc)
+
+    def begin(self) -> None:
+        self.voice = [(text, self.synth.reference_cache.get_codes(samples)) for samples, text in self.request.references]
+        self._queue_chunk(0)
+
+    def deliver(self, samples: np.ndarray, codes: torch.Tensor, final: bool) -> None:
+        """Audio for the chunk's next frames (codes (num_codebooks, n)); `final` ends the chunk."""
+        if not self.request.references and self.index == 0 and len(self.request.chunks) > 1:
+            self._first_chunk_codes.append(codes.cpu())  # the voice of the next chunks
+        self.job.emit(AudioChunk(self.fader.push(samples), codes.shape[1], self.index))
+        if not final:
+            return
+        self.job.emit(AudioChunk(self.fader.finish(), 0, self.index))
+        if self.index + 1 == len(self.request.chunks):
+            self.job.finish()
+        else:
+            self._queue_chunk(self.index + 1)
+
+    def _queue_chunk(self, index: int) -> None:
+        if index == 1 and self._first_chunk_codes:
+            self.voice = [(self.request.chunks[0], torch.cat(self._first_chunk_codes, dim=1))]
+        self.index = index
+        last = len(self.request.chunks) - 1
+        rate = self.synth.sample_rate
+        self.fader = SeamFader(int(SEAM_FADE_SECONDS * rate), fade_in=index > 0, fade_out=index < last)
+        m = self.synth.models
+        n_codebooks = m.model.config.num_codebooks
+        prefix = voice_prefix(m.tokenizer, self.voice, n_codebooks)
+        prompt = torch.cat([prefix, text_part(m.tokenizer, self.request.chunks[index], n_codebooks)], dim=1)
+        limit = self.synth.capacity - MIN_GENERATION_ROOM
         if prompt.shape[1] > limit:
             raise InputError(
                 f"the prompt (reference audio and transcript plus text) is {prompt.shape[1]} positions long, "
                 f"over this model's limit of {limit}; use a shorter reference clip or a smaller chunk_length"
             )
-        p = request.params
-        with torch.inference_mode():
-            for frames in self.runner.generate(
-                    prompt.to(m.placement.device), temperature=p.temperature, top_p=p.top_p,
-                    repetition_penalty=p.repetition_penalty, noise_key=_chunk_noise_key(request.seed, index),
-                    max_new_tokens=p.max_new_tokens, check_cancelled=job.check_cancelled):
-                if frames.shape[1]:
-                    yield frames[1:]
+        p = self.request.params
+        spec = SequenceSpec(prompt.to(m.placement.device), p.temperature, p.top_p, p.repetition_penalty,
+                            _chunk_noise_key(self.request.seed, index), p.max_new_tokens,
+                            prefix_key=hashlib.sha1(prefix.numpy().tobytes()).hexdigest(),
+                            prefix_length=prefix.shape[1])
+        self.synth.scheduler.submit(spec, self, front=index > 0)
 
 
 def _chunk_noise_key(seed: int, index: int) -> int:

@@ -161,7 +161,7 @@ def test_stream_past_rope_table_end_equals_codec_with_longer_table(wider_config)
         whole = long_codec.decode(codes)
         dec = StreamingDecoder(short_codec)
         audio = torch.cat([dec.decode(codes[..., t : t + 9]) for t in range(0, 200, 9)], -1)
-    assert dec.frames == 200
+    assert dec.frames.tolist() == [200]
     assert max_diff(audio, whole) <= FP32_ATOL
     # The tail (frames 150..199, all past row 64) carries the same signal, not a degraded one.
     tail = slice(150 * wide.frame_length, None)
@@ -177,7 +177,7 @@ def test_reset_starts_an_independent_utterance(wide_codec):
             dec.decode(a[..., t : t + 7])
         carried = torch.cat([dec.decode(b[..., t : t + 4]) for t in range(0, 45, 4)], -1)
         dec.reset()
-        assert dec.frames == 0
+        assert dec.frames.tolist() == [0]
         after_reset = torch.cat([dec.decode(b[..., t : t + 4]) for t in range(0, 45, 4)], -1)
     assert torch.equal(after_reset, fresh)
     # Without the reset the first utterance's state leaks in (so the state is really carried).
@@ -248,7 +248,7 @@ def test_bad_input_is_a_clear_error(wide_codec):
         with pytest.raises(ValueError, match=r"codes must be \(2, 10, n\)"):
             dec.decode(codes[:, :9])
         empty = dec.decode(codes[..., :0])
-        assert empty.shape == (2, 1, 0) and dec.frames == 0
+        assert empty.shape == (2, 1, 0) and dec.frames.tolist() == [0, 0]
         assert dec.decode(codes).shape == (2, 1, 5 * wide_codec.config.frame_length)
     with pytest.raises(ValueError, match="chunk sizes"):
         decode_chunked(wide_codec, codes, [3, 0])
@@ -334,3 +334,31 @@ def test_chunked_encode_rejects_bad_input(fixture_codec):
         encode_chunked(fixture_codec, torch.zeros(1, 1, 4096), 0)
     with pytest.raises(ValueError, match="audio must be"):
         encode_chunked(fixture_codec, torch.zeros(1, 4096), 4)
+
+
+def test_rows_stream_independently_and_decode_together(wide_codec):
+    """Streams that start at different times, continued in one batched call each time, give each
+    stream's own whole decode: what continuous batching across requests relies on."""
+    cfg = wide_codec.config
+    a, b, c = (random_codes(cfg, 1, n, seed=s) for n, s in ((40, 21), (33, 22), (25, 23)))
+    with torch.inference_mode():
+        dec = StreamingDecoder(wide_codec, batch=4)
+        parts = {0: [], 2: [], 3: []}
+        parts[2].append(dec.decode(a[..., :8], rows=[2]))  # stream a alone, in row 2
+        dec.decode(random_codes(cfg, 1, 6, seed=24), rows=[0])  # row 0 holds a stale stream ...
+        dec.reset(rows=[0])  # ... until reset for stream b; rows 2 and 3 are untouched
+        out = dec.decode(torch.cat([b[..., :8], a[..., 8:16]]), rows=[0, 2])  # b and a together
+        parts[0].append(out[:1]), parts[2].append(out[1:])
+        parts[3].append(dec.decode(c[..., :5], rows=[3]))
+        out = dec.decode(torch.cat([c[..., 5:25], b[..., 8:28], a[..., 16:36]]), rows=[3, 0, 2])  # any order
+        parts[3].append(out[:1]), parts[0].append(out[1:2]), parts[2].append(out[2:])
+        parts[0].append(dec.decode(b[..., 28:], rows=[0]))
+        parts[2].append(dec.decode(a[..., 36:], rows=[2]))
+        whole = {0: wide_codec.decode(b), 2: wide_codec.decode(a), 3: wide_codec.decode(c)}
+        for row, pieces in parts.items():
+            assert max_diff(torch.cat(pieces, -1), whole[row]) <= FP32_ATOL, f"row {row}"
+        assert dec.frames.tolist() == [33, 0, 40, 25]
+        with pytest.raises(ValueError, match="distinct indices below 4"):
+            dec.decode(a[..., :2].repeat(2, 1, 1), rows=[1, 1])
+        with pytest.raises(ValueError, match="distinct indices below 4"):
+            dec.decode(a[..., :2], rows=[4])

@@ -22,7 +22,7 @@ def test_env_values_are_parsed_by_type_and_overrides_win():
     ({"S1_MINI_PRECISION": "int3"}, "precision must be one of"),
     ({"S1_MINI_DEVICE": "tpu"}, "device must be one of"),
     ({"S1_MINI_MAX_CONTEXT": "-1"}, "max_context"),
-    ({"S1_MINI_MAX_BATCH_SIZE": "0"}, "max_batch_size"),
+    ({"S1_MINI_MAX_BATCH_SIZE": "-1"}, "max_batch_size"),
 ])
 def test_bad_values_are_explained(env, message):
     with pytest.raises(InputError, match=message):

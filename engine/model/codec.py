@@ -172,9 +172,10 @@ def rope_table(seq_len: int, head_dim: int, base: float) -> Tensor:
 
 
 def apply_rope(x: Tensor, table: Tensor) -> Tensor:
-    """Rotate interleaved pairs (x[2i], x[2i+1]) of x (B, T, H, D) in fp32; table (T, D/2, 2) fp32."""
+    """Rotate interleaved pairs (x[2i], x[2i+1]) of x (B, T, H, D) in fp32; table (T, D/2, 2) fp32,
+    or (B, T, D/2, 2) for per-row positions."""
     x2 = x.float().unflatten(-1, (-1, 2))
-    cos, sin = table[:, None, :, 0], table[:, None, :, 1]
+    cos, sin = table[..., None, :, 0], table[..., None, :, 1]
     out = torch.stack([x2[..., 0] * cos - x2[..., 1] * sin, x2[..., 1] * cos + x2[..., 0] * sin], -1)
     return out.flatten(-2).type_as(x)
 

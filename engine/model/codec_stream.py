@@ -31,8 +31,10 @@ positions are no longer exact in fp32 and decode() raises.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -55,26 +57,60 @@ from .codec import (
     weight_norm,
 )
 
-__all__ = ["StreamingDecoder", "decode_chunked", "encode_chunked"]
+__all__ = ["Rows", "StreamingDecoder", "decode_chunked", "encode_chunked"]
 
 MAX_POSITIONS = 2**24  # fp32 represents every integer position up to here
 
 
-class _Streamer:
-    """One layer's streaming forward: step(x (B, C, n)) -> y for exactly those n steps."""
+@dataclass(frozen=True)
+class Rows:
+    """Which of a decoder's B streams a call continues: the same indices on the device and the host."""
 
-    def step(self, x: Tensor) -> Tensor:
+    index: Tensor  # (b,) int64 on the state's device
+    host: np.ndarray  # (b,) int64
+
+    @classmethod
+    def of(cls, rows: Sequence[int], device) -> "Rows":
+        host = np.asarray(rows, dtype=np.int64)
+        return cls(torch.from_numpy(host).to(device, non_blocking=True), host)
+
+
+class _Streamer:
+    """One layer's streaming forward: step(x (b, C, n), rows) -> y for exactly those n steps.
+
+    rows: which of the B streams the b inputs continue, None for all of them in order. Every
+    stateful streamer reads and writes its state through `_read` / `_write` / `_zero`."""
+
+    def step(self, x: Tensor, rows: Rows | None) -> Tensor:
         raise NotImplementedError
 
-    def reset(self) -> None:
+    def reset(self, rows: Rows | None) -> None:
         pass
+
+
+def _read(state: Tensor, rows: Rows | None) -> Tensor:
+    return state if rows is None else state[rows.index]
+
+
+def _write(state: Tensor, rows: Rows | None, value: Tensor) -> None:
+    if rows is None:
+        state.copy_(value)
+    else:
+        state[rows.index] = value.to(state.dtype)
+
+
+def _zero(state: Tensor, rows: Rows | None) -> None:
+    if rows is None:
+        state.zero_()
+    else:
+        state[rows.index] = 0
 
 
 class _Stateless(_Streamer):
     def __init__(self, module: nn.Module):
         self.module = module
 
-    def step(self, x: Tensor) -> Tensor:
+    def step(self, x: Tensor, rows: Rows | None) -> Tensor:
         return self.module(x)
 
 
@@ -82,14 +118,14 @@ class _Sequence(_Streamer):
     def __init__(self, parts: list[_Streamer]):
         self.parts = parts
 
-    def step(self, x: Tensor) -> Tensor:
+    def step(self, x: Tensor, rows: Rows | None) -> Tensor:
         for p in self.parts:
-            x = p.step(x)
+            x = p.step(x, rows)
         return x
 
-    def reset(self) -> None:
+    def reset(self, rows: Rows | None) -> None:
         for p in self.parts:
-            p.reset()
+            p.reset(rows)
 
 
 class _Residual(_Streamer):
@@ -98,11 +134,11 @@ class _Residual(_Streamer):
     def __init__(self, block: _Streamer):
         self.block = block
 
-    def step(self, x: Tensor) -> Tensor:
-        return x + self.block.step(x)
+    def step(self, x: Tensor, rows: Rows | None) -> Tensor:
+        return x + self.block.step(x, rows)
 
-    def reset(self) -> None:
-        self.block.reset()
+    def reset(self, rows: Rows | None) -> None:
+        self.block.reset(rows)
 
 
 def _state(batch: int, channels: int, length: int, like: nn.Module) -> Tensor:
@@ -126,18 +162,18 @@ class _Conv(_Streamer):
             raise TypeError("streaming CausalConv1d expects an unpadded inner conv")
         self.buf = _state(batch, c_in, m.left_pad, m)
 
-    def step(self, x: Tensor) -> Tensor:
+    def step(self, x: Tensor, rows: Rows | None) -> Tensor:
         if x.shape[-1] % self.m.stride:
             stride = self.m.stride
             raise ValueError(f"a stride-{stride} conv streams whole strides only, got {x.shape[-1]} steps")
         if self.buf.shape[-1] == 0:
             return self.m.conv(x)
-        full = torch.cat([self.buf.to(x.dtype), x], -1)
-        self.buf.copy_(full[..., full.shape[-1] - self.buf.shape[-1]:])
+        full = torch.cat([_read(self.buf, rows).to(x.dtype), x], -1)
+        _write(self.buf, rows, full[..., full.shape[-1] - self.buf.shape[-1]:])
         return self.m.conv(full)
 
-    def reset(self) -> None:
-        self.buf.zero_()
+    def reset(self, rows: Rows | None) -> None:
+        _zero(self.buf, rows)
 
 
 class _ConvTranspose(_Streamer):
@@ -157,18 +193,18 @@ class _ConvTranspose(_Streamer):
         self.stride = m.stride
         self.carry = _state(batch, c_out, max(k - self.stride, 0), m)
 
-    def step(self, x: Tensor) -> Tensor:
+    def step(self, x: Tensor, rows: Rows | None) -> Tensor:
         conv = self.m.conv
         w = weight_norm(*conv.g_v).to(x.dtype) if isinstance(conv, WNConv) else conv.weight
         y = F.conv_transpose1d(x, w, None, self.stride)  # (B, C, n * stride + k - stride)
         n_out, tail = x.shape[-1] * self.stride, self.carry.shape[-1]
         if tail:
-            y[..., :tail] += self.carry.to(y.dtype)
-            self.carry.copy_(y[..., n_out:])
+            y[..., :tail] += _read(self.carry, rows).to(y.dtype)
+            _write(self.carry, rows, y[..., n_out:])
         return y[..., :n_out] + conv.bias[:, None]
 
-    def reset(self) -> None:
-        self.carry.zero_()
+    def reset(self, rows: Rows | None) -> None:
+        _zero(self.carry, rows)
 
 
 class _ConvNeXt(_Streamer):
@@ -178,14 +214,14 @@ class _ConvNeXt(_Streamer):
         self.m = m
         self.dwconv = _Conv(m.dwconv, batch)
 
-    def step(self, x: Tensor) -> Tensor:
+    def step(self, x: Tensor, rows: Rows | None) -> Tensor:
         m = self.m
-        y = m.norm(self.dwconv.step(x).transpose(1, 2))
+        y = m.norm(self.dwconv.step(x, rows).transpose(1, 2))
         y = m.pwconv2(F.gelu(m.pwconv1(y)))
         return x + (m.gamma * y).transpose(1, 2)
 
-    def reset(self) -> None:
-        self.dwconv.reset()
+    def reset(self, rows: Rows | None) -> None:
+        self.dwconv.reset(rows)
 
 
 class _Transformer(_Streamer):
@@ -194,6 +230,7 @@ class _Transformer(_Streamer):
     A chunk of n queries attends over [cache (window - 1 keys), its own n keys]. Query i (absolute
     position pos + i) and cache slot j (absolute position pos - (window - 1) + j) are window - 1 + i - j
     apart, so the band mask does not depend on pos; only "slot j holds a real position (>= 0)" does.
+    Each stream (row) has its own position.
     """
 
     def __init__(self, m: WindowLimitedTransformer, batch: int, rope_base: float):
@@ -207,9 +244,10 @@ class _Transformer(_Streamer):
         with torch.inference_mode(False):
             self.k_cache = [torch.zeros(shape, device=p.device, dtype=p.dtype) for _ in m.layers]
             self.v_cache = [torch.zeros(shape, device=p.device, dtype=p.dtype) for _ in m.layers]
-            self.pos = torch.zeros((), dtype=torch.long, device=p.device)  # next absolute position
+            self.pos = torch.zeros(batch, dtype=torch.long, device=p.device)  # next absolute position per row
             self.table = m.freqs_cis.float()  # (rows, head_dim / 2, 2), the stored rows first
-        self.frames = 0  # host-side copy of pos: sizes the table, never read back from the device
+        # Host-side copy of pos: sizes the table, never read back from the device.
+        self.frames = np.zeros(batch, dtype=np.int64)
 
     def _ensure_table(self, end: int) -> None:
         if end <= self.table.shape[0]:
@@ -224,45 +262,46 @@ class _Transformer(_Streamer):
         with torch.inference_mode(False):
             self.table = torch.cat([self.table, extra.to(self.device).float()])
 
-    def step(self, x: Tensor) -> Tensor:
+    def step(self, x: Tensor, rows: Rows | None) -> Tensor:
         n, w1 = x.shape[-1], self.window - 1
-        self._ensure_table(self.frames + n)
-        self.frames += n
+        host_rows = slice(None) if rows is None else rows.host
+        self._ensure_table(int(self.frames[host_rows].max()) + n)
+        self.frames[host_rows] += n
+        pos = _read(self.pos, rows)  # (b,)
         steps = torch.arange(n, device=x.device)
-        rope = self.table.index_select(0, self.pos + steps)
+        rope = self.table[pos[:, None] + steps]  # (b, n, head_dim / 2, 2)
         slots = torch.arange(w1 + n, device=x.device)
         # band: 0 <= (w1 + i) - j < window; real: slot j's absolute position pos - w1 + j >= 0.
-        mask = (slots[None, :] >= steps[:, None]) & (slots[None, :] <= steps[:, None] + w1)
-        mask = mask & (slots + self.pos >= w1)[None, :]
-        self.pos.add_(n)
+        band = (slots[None, :] >= steps[:, None]) & (slots[None, :] <= steps[:, None] + w1)
+        mask = (band[None] & (slots[None, :] + pos[:, None] >= w1)[:, None, :])[:, None]  # (b, 1, n, w1 + n)
+        _write(self.pos, rows, pos + n)
         h = x.transpose(1, 2)
         for i, layer in enumerate(self.m.layers):
-            a = self._attention(i, layer.attention, layer.attention_norm(h), rope, mask)
+            a = self._attention(i, layer.attention, layer.attention_norm(h), rope, mask, rows)
             h = h + layer.attention_layer_scale(a)
             h = h + layer.ffn_layer_scale(layer.feed_forward(layer.ffn_norm(h)))
         return self.m.norm(h).transpose(1, 2)
 
-    def _attention(self, i: int, att, x: Tensor, rope: Tensor, mask: Tensor) -> Tensor:
+    def _attention(self, i: int, att, x: Tensor, rope: Tensor, mask: Tensor, rows: Rows | None) -> Tensor:
         B, n, _ = x.shape
         kv = att.n_local_heads * att.head_dim
         q, k, v = att.wqkv(x).split([att.n_head * att.head_dim, kv, kv], dim=-1)
         q = apply_rope(q.view(B, n, att.n_head, att.head_dim), rope).transpose(1, 2)
         k = apply_rope(k.view(B, n, att.n_local_heads, att.head_dim), rope).transpose(1, 2)
         v = v.view(B, n, att.n_local_heads, att.head_dim).transpose(1, 2)
-        kc, vc = self.k_cache[i], self.v_cache[i]
-        k = torch.cat([kc.to(k.dtype), k], 2)
-        v = torch.cat([vc.to(v.dtype), v], 2)
-        kc.copy_(k[:, :, n:])
-        vc.copy_(v[:, :, n:])
+        k = torch.cat([_read(self.k_cache[i], rows).to(k.dtype), k], 2)
+        v = torch.cat([_read(self.v_cache[i], rows).to(v.dtype), v], 2)
+        _write(self.k_cache[i], rows, k[:, :, n:])
+        _write(self.v_cache[i], rows, v[:, :, n:])
         gqa = att.n_head != att.n_local_heads
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
         return att.wo(y.transpose(1, 2).reshape(B, n, -1))
 
-    def reset(self) -> None:
+    def reset(self, rows: Rows | None) -> None:
         for c in (*self.k_cache, *self.v_cache):
-            c.zero_()
-        self.pos.zero_()
-        self.frames = 0
+            _zero(c, rows)
+        _zero(self.pos, rows)
+        self.frames[slice(None) if rows is None else rows.host] = 0
 
 
 def _streamer(m: nn.Module, batch: int, rope_base: float) -> _Streamer:
@@ -292,8 +331,10 @@ class StreamingDecoder:
 
     decode(codes (B, num_codebooks, n)) -> audio (B, 1, n * frame_length) fp32 for exactly those n
     frames; the concatenation over calls equals `codec.decode` of all frames at once. Each call costs
-    only its own frames. reset() starts a new utterance (every row at once). The codec's weights are
-    used in place: do not move or cast the codec after building its decoder.
+    only its own frames. The B rows are independent streams: a call may continue any subset of them
+    (`rows`), so streams that started at different times decode together in one batched call.
+    reset() starts new utterances. The codec's weights are used in place: do not move or cast the
+    codec after building its decoder.
 
     CUDA graphs: a fixed chunk size can be captured once and replayed per chunk (measured on an H100
     with the S1-mini architecture in bf16: 2.5 ms per 1-frame chunk replayed, 14 ms eager; audio
@@ -312,32 +353,41 @@ class StreamingDecoder:
         self._dec = _streamer(codec.decoder, batch, base)
 
     @property
-    def frames(self) -> int:
-        """Frames decoded since the last reset."""
-        return self._post.frames
+    def frames(self) -> np.ndarray:
+        """Frames decoded since each row's last reset, (B,)."""
+        return self._post.frames.copy()
 
     @torch.no_grad()
-    def decode(self, codes: Tensor) -> Tensor:
+    def decode(self, codes: Tensor, rows: Sequence[int] | None = None) -> Tensor:
+        """codes (b, num_codebooks, n) continuing streams `rows` (distinct indices below B; None: all B
+        rows in order) -> audio (b, 1, n * frame_length) fp32."""
         cfg = self.codec.config
-        if codes.dim() != 3 or codes.shape[1] != cfg.num_codebooks or codes.shape[0] != self.batch:
-            raise ValueError(
-                f"codes must be ({self.batch}, {cfg.num_codebooks}, n), got {tuple(codes.shape)}"
-            )
+        expected = self.batch if rows is None else len(rows)
+        if codes.dim() != 3 or codes.shape[1] != cfg.num_codebooks or codes.shape[0] != expected:
+            raise ValueError(f"codes must be ({expected}, {cfg.num_codebooks}, n), got {tuple(codes.shape)}")
+        selected = None if rows is None else self._rows(rows, codes.device)
         n = codes.shape[-1]
         if n == 0:
-            return torch.zeros(self.batch, 1, 0, device=codes.device)
+            return torch.zeros(expected, 1, 0, device=codes.device)
         q = self.codec.quantizer
         codes = codes.long()
         # As Quantizer.decode: clamp, then sum the codebooks' out_proj vectors (per frame, stateless).
         sem = codes[:, :1].clamp(0, q.semantic_codebook_size - 1)
         res = codes[:, 1:].clamp(0, q.residual_codebook_size - 1)
         z = q.semantic_quantizer.decode(sem) + q.quantizer.decode(res)
-        z = self._up.step(self._post.step(z.to(q.decode_dtype)))
-        return self._dec.step(z).float()
+        z = self._up.step(self._post.step(z.to(q.decode_dtype), selected), selected)
+        return self._dec.step(z, selected).float()
 
-    def reset(self) -> None:
+    def reset(self, rows: Sequence[int] | None = None) -> None:
+        """Start new utterances in `rows` (None: every row)."""
+        selected = None if rows is None else self._rows(rows, self._post.device)
         for s in (self._post, self._up, self._dec):
-            s.reset()
+            s.reset(selected)
+
+    def _rows(self, rows: Sequence[int], device) -> Rows:
+        if len(set(rows)) != len(rows) or any(not 0 <= r < self.batch for r in rows):
+            raise ValueError(f"rows must be distinct indices below {self.batch}, got {list(rows)}")
+        return Rows.of(rows, device)
 
 
 def decode_chunked(codec: ModdedDAC, codes: Tensor, chunk_frames: int | Iterable[int]) -> Tensor:
@@ -381,6 +431,6 @@ def encode_chunked(codec: ModdedDAC, audio: Tensor, chunk_frames: int) -> Tensor
     codes = []
     with torch.no_grad():
         for start in range(0, audio.shape[-1], step):
-            z = pre_module.step(downsample.step(encoder.step(audio[..., start:start + step])))
+            z = pre_module.step(downsample.step(encoder.step(audio[..., start:start + step], None), None), None)
             codes.append(q.quantize_latent(z))
     return torch.cat(codes, -1)

@@ -1,7 +1,9 @@
 """The batched decode step: one frame for every row, with all state on the device.
 
 `DecodeState` holds, per KV slot, the column to feed next, its position, the sampling parameters,
-the repetition history and the frames produced so far. `decode_step` reads and updates it in place
+the repetition history, the frames produced so far, how many come before `<|im_end|>`, and
+whether a sequence runs there at all. Rows of idle slots still compute inside a batch bucket
+(padding) but do not advance, so they never write past their slot. `decode_step` reads and updates it in place
 and needs nothing from the host but the batch size and a KV-length bucket, so a compiled step can
 be captured as one CUDA graph per (batch bucket, kv bucket) and replayed frame after frame.
 """
@@ -27,6 +29,8 @@ class DecodeState:
     sampling: SamplingTensors
     frames: Tensor  # (S, 1 + num_codebooks, capacity) int64: frame i of slot s at [s, :, i]
     done: Tensor  # (S,) bool: the slot has produced <|im_end|>
+    length: Tensor  # (S,) int64: frames produced before the first <|im_end|>
+    active: Tensor  # (S,) int64: 1 while a sequence runs in the slot; idle rows stand still
 
     @classmethod
     def allocate(cls, n_slots: int, num_codebooks: int, capacity: int, device) -> "DecodeState":
@@ -37,7 +41,8 @@ class DecodeState:
                                    zeros(n_slots, 1, dtype=torch.float32) + 1, zeros(n_slots))
         return cls(zeros(n_slots, 1 + num_codebooks), zeros(n_slots),
                    FrameHistory.empty(n_slots, num_codebooks, device), sampling,
-                   zeros(n_slots, 1 + num_codebooks, capacity), zeros(n_slots, dtype=torch.bool))
+                   zeros(n_slots, 1 + num_codebooks, capacity), zeros(n_slots, dtype=torch.bool), zeros(n_slots),
+                   zeros(n_slots))
 
     def rows(self, batch: int) -> "DecodeState":
         """Views of slots 0..batch-1 (the same storage, so updates land in place)."""
@@ -46,7 +51,7 @@ class DecodeState:
             self.columns[:batch], self.positions[:batch],
             FrameHistory(self.history.ids[:batch], self.history.generated[:batch]),
             SamplingTensors(s.temperature[:batch], s.top_p[:batch], s.repetition_penalty[:batch], s.noise_key[:batch]),
-            self.frames[:batch], self.done[:batch],
+            self.frames[:batch], self.done[:batch], self.length[:batch], self.active[:batch],
         )
 
     def start(self, slot: int, column: Tensor, position: int, temperature: float, top_p: float,
@@ -61,16 +66,25 @@ class DecodeState:
         self.sampling.repetition_penalty[slot] = repetition_penalty
         self.sampling.noise_key[slot] = noise_key
         self.done[slot] = False
+        self.length[slot] = 0
+        self.active[slot] = 1
+
+    def stop(self, slot: int) -> None:
+        """Free the slot: its row keeps running inside larger batches but no longer advances."""
+        self.active[slot] = 0
 
 
 def decode_step(model: DualARTransformer, head, cache: KVCache, fast_cache: KVCache, state: DecodeState,
                 key_positions: Tensor, ops: StepOps = StepOps()) -> None:
     """Advance every row of `state` (slots 0..B-1) by one frame. key_positions: arange(kv_len)."""
     views = cache.views(state.positions[:, None], key_positions)
-    hidden = model.forward_slow(state.columns[:, :, None], views, ops.run_block)
-    frame = sample_frame(model, head, hidden, state.sampling, state.history, fast_cache, ops)
-    index = (state.history.generated - 1)[:, None, None].expand(-1, frame.shape[1], 1)
+    hidden = model.forward_slow(state.columns[:, :, None], views, ops.slow_block)
+    frame = sample_frame(model, head, hidden, state.sampling, state.history, fast_cache, ops, advance=state.active)
+    # An idle row (never started: generated is 0) rewrites frame 0 of its unused slot.
+    index = (state.history.generated - 1).clamp_min(0)[:, None, None].expand(-1, frame.shape[1], 1)
     state.frames.scatter_(2, index, frame[:, :, None])
-    state.done |= frame[:, 0] == model.layout.im_end_id
+    is_end = frame[:, 0] == model.layout.im_end_id
+    state.length += state.active * ~(state.done | is_end)
+    state.done |= is_end
     state.columns.copy_(frame)
-    state.positions += 1
+    state.positions += state.active

@@ -38,12 +38,13 @@ class FrameHistory:
     def valid(self) -> Tensor:
         return torch.arange(REPETITION_WINDOW, device=self.ids.device) < self.generated[:, None]
 
-    def push(self, frame: Tensor) -> None:
-        """Record frame (B, 1 + num_codebooks): its token and codes 1..9 (code 0 is the token)."""
+    def push(self, frame: Tensor, advance: Tensor | int = 1) -> None:
+        """Record frame (B, 1 + num_codebooks): its token and codes 1..9 (code 0 is the token).
+        advance (B,) 0 for rows that stand still (their entry is rewritten next time)."""
         slot = (self.generated % REPETITION_WINDOW)[:, None, None].expand(-1, self.ids.shape[1], 1)
         entry = torch.cat([frame[:, :1], frame[:, 2:]], dim=1).unsqueeze(-1)
         self.ids.scatter_(2, slot, entry)
-        self.generated += 1
+        self.generated += advance
 
 
 def new_fast_cache(model: DualARTransformer, batch: int) -> KVCache:
@@ -107,14 +108,16 @@ class SemanticHead:
 @dataclass(frozen=True)
 class StepOps:
     """The pieces a decode step repeats, swappable for compiled versions (regional compilation:
-    one compiled block serves every layer, which keeps compile time short)."""
+    one compiled block serves every layer, which keeps compile time short). Slow and fast blocks
+    are separate regions: their shapes differ, and each keeps its own small set of compiled graphs."""
 
-    run_block: Callable = call_block
+    slow_block: Callable = call_block
+    fast_block: Callable = call_block
     sample: Callable = sample
 
 
 def sample_frame(model: DualARTransformer, head, hidden: Tensor, params: SamplingTensors, history: FrameHistory,
-                 fast_cache: KVCache, ops: StepOps = StepOps()) -> Tensor:
+                 fast_cache: KVCache, ops: StepOps = StepOps(), advance: Tensor | int = 1) -> Tensor:
     """hidden (B, 1, dim): slow residual stream at the last position -> frame (B, 1 + num_codebooks) int64."""
     layout, n_codebooks = model.layout, model.config.num_codebooks
     batch = hidden.shape[0]
@@ -134,12 +137,12 @@ def sample_frame(model: DualARTransformer, head, hidden: Tensor, params: Samplin
         views = fast_cache.views(*fast_cache.codebook_positions(batch, k), all_visible=True)
         # Position 0 only fills the fast cache; codes 1..9 use the first residual_codebook_size logits.
         n_logits = 0 if k == 0 else layout.residual_codebook_size
-        fast_logits = model.forward_fast(x, views, n_logits, ops.run_block)
+        fast_logits = model.forward_fast(x, views, n_logits, ops.fast_block)
         if k > 0:
             codes.append(ops.sample(fast_logits[:, 0], params, history.ids[:, k], valid,
                                     noise_counter(history.generated, k)))
     frame = torch.stack([token] + codes, dim=1)
-    history.push(frame)
+    history.push(frame, advance)
     return frame
 
 

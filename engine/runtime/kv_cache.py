@@ -12,6 +12,11 @@ from torch import Tensor
 from ..model.dual_ar import KVView
 
 
+def bytes_per_slot(n_layers: int, n_kv_heads: int, capacity: int, head_dim: int, dtype: torch.dtype) -> int:
+    """Keys and values of one sequence of `capacity` positions."""
+    return 2 * n_layers * n_kv_heads * capacity * head_dim * torch.empty(0, dtype=dtype).element_size()
+
+
 class KVCache:
     def __init__(self, n_layers: int, n_slots: int, n_kv_heads: int, capacity: int, head_dim: int,
                  dtype: torch.dtype, device: torch.device | str):

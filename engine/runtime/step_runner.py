@@ -7,25 +7,22 @@ the first kv bucket of positions, the smallest bucket holding every live positio
 
 from __future__ import annotations
 
+import dataclasses
 import time
-from typing import Iterator
-
 import torch
 from loguru import logger
 from torch import Tensor
 
 from ..compilation import CompilePolicy
-from ..model.dual_ar import DualARTransformer, call_block
+from ..model.dual_ar import DualARTransformer, KVView, call_block
 from .decode_step import DecodeState, decode_step
-from .generate import FullVocabHead, SemanticHead, StepOps, frame_budget
+from .generate import FullVocabHead, SemanticHead, StepOps
 from .kv_cache import KVCache
 from .sampling import sample
 
 MIN_KV_BUCKET = 256
-# Frames are handed out (and end-of-speech looked for, the only host syncs) after FIRST_BLOCK
-# frames, for an early first audio, then every BLOCK frames.
-FIRST_BLOCK = 4
-BLOCK = 16
+# Graphs per compiled region: sizes 1 and above-1 of the batch and kv length, each head's width.
+RECOMPILE_LIMIT = 32
 
 
 def buckets_up_to(limit: int, start: int) -> list[int]:
@@ -57,6 +54,47 @@ def _length_generic(compiled_block):
     return run
 
 
+# Three compiled regions that run the same block call. Dynamo keeps compiled graphs per code object,
+# so each region needs a function of its own to keep its own graphs and recompile budget.
+def _slow_block(layer, x, rope, kv):
+    return layer(x, rope, kv)
+
+
+def _fast_block(layer, x, rope, kv):
+    return layer(x, rope, kv)
+
+
+def _prefill_block(layer, x, rope, kv):
+    return layer(x, rope, kv)
+
+
+def _tensors(value):
+    if isinstance(value, Tensor):
+        yield value
+    elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+        for f in dataclasses.fields(value):
+            yield from _tensors(getattr(value, f.name))
+
+
+def _leading_dims_generic(compiled_fn):
+    """Mark dim 0 of every tensor argument dynamic when it is above 1 before calling compiled_fn.
+
+    Dim 0 is the batch (or, for key positions, the kv length): one compiled graph then serves every
+    batch bucket and kv bucket instead of one per size (size 1 keeps its own specialised graph, and
+    so does a kv length equal to the cache capacity)."""
+
+    def run(*args):
+        for arg in args:
+            for tensor in _tensors(arg):
+                if tensor.dim() and tensor.shape[0] > 1:
+                    torch._dynamo.maybe_mark_dynamic(tensor, 0)
+            if isinstance(arg, KVView) and arg.mask is not None and arg.mask.shape[-1] > 1:
+                torch._dynamo.maybe_mark_dynamic(arg.mask, 3)  # the kv length, like key_positions
+        return compiled_fn(*args)
+
+    return run
+
+
 class StepRunner:
     def __init__(self, model: DualARTransformer, cache: KVCache, policy: CompilePolicy, *, exact_vocab: bool = False):
         c = model.config
@@ -75,18 +113,22 @@ class StepRunner:
         self._pool = None
 
     def _build_step(self):
-        # Regional compilation: one compiled transformer block serves all 28 slow layers (and one
-        # the 4 fast ones), one compiled sampler every codebook; the eager glue between them is
+        # Regional compilation: one compiled transformer block serves all 28 slow layers, one the 4
+        # fast ones, one compiled sampler every codebook; the eager glue between them is
         # captured in the same CUDA graph, so it costs no launch overhead at replay.
         ops = StepOps()
         self.prefill_block = call_block
         if self.policy.compile:
             mode = self.policy.torch_compile_mode
-            ops = StepOps(torch.compile(call_block, fullgraph=True, mode=mode),
-                          torch.compile(sample, fullgraph=True, mode=mode))
+            torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
+
+            def compiled(fn):
+                return _leading_dims_generic(torch.compile(fn, fullgraph=True, mode=mode))
+
+            ops = StepOps(compiled(_slow_block), compiled(_fast_block), compiled(sample))
             # Prefill lengths vary: a default-mode compile (autotuning every length would take minutes),
             # length-generic from its first call (one compile instead of a static one, then another).
-            self.prefill_block = _length_generic(torch.compile(call_block, fullgraph=True))
+            self.prefill_block = _length_generic(torch.compile(_prefill_block, fullgraph=True))
         self.ops = ops
 
         def step(state: DecodeState, key_positions: Tensor) -> None:
@@ -117,8 +159,6 @@ class StepRunner:
 
     def _capture(self, batch: int, kv: int) -> None:
         args = (self._views[batch], self.key_positions[:kv])
-        if self.policy.compile:
-            torch._dynamo.maybe_mark_dynamic(args[1], 0)  # one compiled slow block for every kv bucket
         self.state.positions.zero_()
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
@@ -146,37 +186,13 @@ class StepRunner:
         with torch.inference_mode():
             self._step(self._views[b], self.key_positions[:kv])
 
-    def prefill(self, slot: int, prompt: Tensor) -> None:
-        """Write all but the last prompt column into the slot's KV cache (the first step feeds the last)."""
-        length = prompt.shape[1] - 1
-        if length > 0:
-            positions = torch.arange(length, device=prompt.device)[None]
+    def prefill(self, slot: int, prompt: Tensor, start: int = 0, end: int | None = None) -> None:
+        """Write prompt columns start..end-1 into the slot's KV cache at their positions; the columns
+        before `start` must be there already. end defaults to all but the last column, which the
+        first decode step feeds."""
+        end = prompt.shape[1] - 1 if end is None else end
+        if end > start:
+            positions = torch.arange(start, end, device=prompt.device)[None]
             with torch.inference_mode():
-                self.model.forward_slow(prompt[None, :, :length].long(), self.cache.views(positions, length, slot),
+                self.model.forward_slow(prompt[None, :, start:end].long(), self.cache.views(positions, end, slot),
                                         self.prefill_block)
-
-    def generate(self, prompt: Tensor, *, temperature: float, top_p: float, repetition_penalty: float,
-                 noise_key: int, max_new_tokens: int, check_cancelled=lambda: None,
-                 stop_at_end: bool = True) -> Iterator[Tensor]:
-        """One sequence in slot 0: yields (1 + num_codebooks, n) blocks of new frames (copies, on the
-        device) every few frames, ending at `<|im_end|>` (excluded) or the frame budget.
-        stop_at_end=False runs the whole budget whatever is sampled (benchmarks of random weights)."""
-        prompt_len = prompt.shape[1]
-        budget = frame_budget(prompt_len, max_new_tokens, self.cache.capacity)
-        self.prefill(0, prompt)
-        self.state.start(0, prompt[:, -1], prompt_len - 1, temperature, top_p, repetition_penalty, noise_key)
-        emitted, next_yield = 0, FIRST_BLOCK
-        for i in range(budget):
-            self.step(1, prompt_len + i)
-            if i + 1 < min(next_yield, budget):
-                continue
-            next_yield += BLOCK
-            check_cancelled()
-            produced = i + 1
-            frames = self.state.frames[0, :, emitted:produced]
-            ends = (frames[0] == self.model.layout.im_end_id).nonzero() if stop_at_end else ()
-            if len(ends):
-                yield frames[:, : int(ends[0])].clone()
-                return
-            yield frames.clone()
-            emitted = produced

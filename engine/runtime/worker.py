@@ -1,8 +1,12 @@
 """The one thread that owns the GPU, and the jobs that travel to it and stream results back.
 
 CUDA graphs, compiled callables and grad mode are thread-local, so every tensor operation of the
-engine runs on this thread. Callers submit a job and iterate its results from their own thread;
-a failing job reports its exception to its caller and the worker carries on.
+engine runs on this thread. Callers submit a job and iterate its results from their own thread.
+The thread alternates between the jobs that arrived (each one's `work` runs at once: set-up calls
+run to completion, requests hand their sequences to the scheduler) and one `iterate()` of the
+engine's decode loop while that has work. A job ends when `finish()` is called on it, by its work
+or later by whoever carries it on; a failing job reports its exception to its caller and the
+worker carries on.
 """
 
 from __future__ import annotations
@@ -13,28 +17,36 @@ from typing import Any, Callable, Iterator
 
 from loguru import logger
 
-from ..errors import QueueFullError
+from ..errors import Cancelled, InputError, QueueFullError
 
 _DONE = object()
 
 
-class Cancelled(Exception):
-    """Raised inside a job's work when its caller has gone away."""
-
-
 class Job:
-    def __init__(self, work: Callable[["Job"], None]):
+    def __init__(self, work: Callable[["Job"], None], on_finish: Callable[[], None] = lambda: None):
         self.work = work
         self._outputs: queue.Queue = queue.Queue()
         self._cancelled = threading.Event()
+        self._finished = False
+        self._on_finish = on_finish
 
     # ---- worker side
     def emit(self, item: Any) -> None:
         self._outputs.put(item)
 
-    def check_cancelled(self) -> None:
-        if self._cancelled.is_set():
-            raise Cancelled()
+    def finish(self, exc: BaseException | None = None) -> None:
+        """End the job (once; later calls do nothing), passing `exc` to the caller if given."""
+        if self._finished:
+            return
+        self._finished = True
+        if exc is not None and not isinstance(exc, Cancelled):
+            self._outputs.put(exc)
+        self._outputs.put(_DONE)
+        self._on_finish()
+
+    @property
+    def finished(self) -> bool:
+        return self._finished
 
     # ---- caller side
     def cancel(self) -> None:
@@ -55,58 +67,81 @@ class Job:
                     raise item
                 yield item
         finally:
-            self.cancel()  # a caller that stops early frees the worker at its next check
+            self.cancel()  # a caller that stops early frees its slot at the next step
 
 
 class GPUWorker:
-    def __init__(self, max_queue: int, name: str = "s1-gpu-worker"):
-        self.max_queue = max_queue
+    """capacity: jobs accepted at once (running or waiting); beyond it submit() raises QueueFullError.
+    iterate: one step of the engine's decode loop; returns whether it still has work."""
+
+    def __init__(self, capacity: int, iterate: Callable[[], bool] = lambda: False, name: str = "s1-gpu-worker"):
+        self.capacity = capacity
+        self._iterate = iterate
         self._queue: queue.Queue[Job | None] = queue.Queue()
-        self._running = 0
+        self._in_flight = 0
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
 
     def submit(self, work: Callable[[Job], None]) -> Job:
         with self._lock:
-            if self._queue.qsize() >= self.max_queue:
-                raise QueueFullError(f"the engine is busy ({self._queue.qsize()} requests waiting); retry shortly",
+            if self._in_flight >= self.capacity:
+                raise QueueFullError(f"the engine is busy ({self._in_flight} requests in progress); retry shortly",
                                      retry_after_s=2.0)
-            job = Job(work)
-            self._queue.put(job)
+            self._in_flight += 1
+        job = Job(work, on_finish=self._release)
+        self._queue.put(job)
         return job
 
     def call(self, fn: Callable[[], Any]) -> Any:
         """Run fn on the worker thread and return its result (for set-up work such as warm-up)."""
-        job = self.submit(lambda j: j.emit(fn()))
-        return next(iter(job.results()))
+
+        def work(job: Job) -> None:
+            job.emit(fn())
+            job.finish()
+
+        return next(iter(self.submit(work).results()))
 
     @property
-    def queue_depth(self) -> int:
-        return self._queue.qsize()
-
-    @property
-    def running(self) -> int:
-        return self._running
+    def in_flight(self) -> int:
+        """Jobs accepted and not finished: requests running or waiting for a slot."""
+        return self._in_flight
 
     def close(self) -> None:
         self._queue.put(None)
         self._thread.join(timeout=30)
 
+    def _release(self) -> None:
+        with self._lock:
+            self._in_flight -= 1
+
     def _loop(self) -> None:
-        while (job := self._queue.get()) is not None:
-            if job.cancelled:
-                job.emit(_DONE)
-                continue
-            self._running = 1
+        busy = False
+        while True:
             try:
-                job.work(job)
-            except Cancelled:
-                pass
-            except Exception as exc:  # reported to that caller; the worker serves the next job
-                if not isinstance(exc, ValueError):
-                    logger.exception("request failed on the GPU worker")
-                job.emit(exc)
-            finally:
-                self._running = 0
-                job.emit(_DONE)
+                job = self._queue.get(block=not busy)
+            except queue.Empty:
+                busy = self._iterate_safely()
+                continue
+            if job is None:
+                return
+            self._run(job)
+            busy = True  # the job may have handed work to the decode loop
+
+    def _run(self, job: Job) -> None:
+        if job.cancelled:
+            job.finish()
+            return
+        try:
+            job.work(job)
+        except Exception as exc:  # reported to that caller; the worker serves the next job
+            if not isinstance(exc, (InputError, Cancelled)):
+                logger.exception("request failed on the GPU worker")
+            job.finish(exc)
+
+    def _iterate_safely(self) -> bool:
+        try:
+            return self._iterate()
+        except Exception:  # the loop's own error handling failed: keep the thread alive
+            logger.exception("decode loop iteration failed")
+            return False

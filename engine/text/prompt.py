@@ -31,20 +31,33 @@ def build_prompt(
     `max_length`, when given, is the longest prompt the model accepts (max_seq_len - 2048 for the
     reference decode loop); a longer prompt raises InputError.
     """
-    columns = [_text_columns([tokenizer.interleave_id], num_codebooks)]
-    for index, (transcript, codes) in enumerate(references):
-        frames = _check_codes(codes, index, num_codebooks)
-        columns.append(_text_columns(tokenizer.encode(SPEAKER_TAG) + tokenizer.encode(transcript), num_codebooks))
-        columns.append(_frame_columns(frames, tokenizer.semantic_begin_id))
-        columns.append(_text_columns([tokenizer.im_end_id], num_codebooks))
-    columns.append(_text_columns(tokenizer.encode(SPEAKER_TAG) + tokenizer.encode(text), num_codebooks))
-    prompt = torch.cat(columns, dim=1)
+    prompt = torch.cat([voice_prefix(tokenizer, references, num_codebooks), text_part(tokenizer, text, num_codebooks)], 1)
     if max_length is not None and prompt.shape[1] > max_length:
         raise InputError(
             f"the prompt is {prompt.shape[1]} tokens long but the model takes at most {max_length}; "
             "use shorter text or a shorter reference clip"
         )
     return prompt
+
+
+def voice_prefix(tokenizer: S1Tokenizer, references: Sequence[tuple[str, torch.Tensor]] = (),
+                 num_codebooks: int = 10) -> torch.Tensor:
+    """The leading columns of every prompt voiced by `references`: `<|interleave|>` and the references.
+
+    Attention is causal, so the KV of these columns is the same whatever text follows them; the
+    runtime computes it once per voice and reuses it."""
+    columns = [_text_columns([tokenizer.interleave_id], num_codebooks)]
+    for index, (transcript, codes) in enumerate(references):
+        frames = _check_codes(codes, index, num_codebooks)
+        columns.append(_text_columns(tokenizer.encode(SPEAKER_TAG) + tokenizer.encode(transcript), num_codebooks))
+        columns.append(_frame_columns(frames, tokenizer.semantic_begin_id))
+        columns.append(_text_columns([tokenizer.im_end_id], num_codebooks))
+    return torch.cat(columns, dim=1)
+
+
+def text_part(tokenizer: S1Tokenizer, text: str, num_codebooks: int = 10) -> torch.Tensor:
+    """The columns after the voice prefix: the text to speak."""
+    return _text_columns(tokenizer.encode(SPEAKER_TAG) + tokenizer.encode(text), num_codebooks)
 
 
 def _text_columns(ids: list[int], num_codebooks: int) -> torch.Tensor:

@@ -1,0 +1,210 @@
+"""Continuous batching: sequences enter free KV slots, advance together one frame per step, and
+leave as soon as they finish or their caller goes away.
+
+One `iteration()` (on the GPU worker thread):
+  1. drops cancelled sequences, running or waiting, freeing their slots at once;
+  2. admits waiting sequences into free slots: their prompt is prefilled (the voice prefix copied
+     from the prefix cache when it is there) and their row of the decode state started;
+  3. runs one batched decode step for every slot up to the highest one in use (a CUDA-graph
+     replay for the batch and kv-length buckets; idle rows inside the bucket stand still);
+  4. every so often reads back, in one small host sync, how many frames each slot has before
+     `<|im_end|>`, and hands out the new frames of the sequences that are due (a new sequence after
+     FIRST_BLOCK frames, for an early first audio; then all of them together every BLOCK steps, so
+     that their audio decodes in one batched codec call), retiring those that finished.
+
+Nothing here knows about audio or requests: a sequence's owner is any object with a `cancelled`
+property and a `fail(exc)` method; frames come back as `Harvest`s for the caller to decode.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+from torch import Tensor
+
+from ..errors import Cancelled
+from .generate import frame_budget
+from .prefix_cache import PrefixCache
+from .step_runner import StepRunner
+
+FIRST_BLOCK = 4
+BLOCK = 16
+# A prefix shorter than this is cheaper to prefill than to look up and copy.
+MIN_PREFIX = 16
+
+
+class Owner(Protocol):
+    @property
+    def cancelled(self) -> bool: ...
+
+    def fail(self, exc: BaseException) -> None: ...
+
+
+@dataclass
+class SequenceSpec:
+    prompt: Tensor  # (1 + num_codebooks, L) integer, on the runner's device
+    temperature: float
+    top_p: float
+    repetition_penalty: float
+    noise_key: int
+    max_new_tokens: int  # 0 = up to the context limit
+    prefix_key: str | None = None  # names prompt[:, :prefix_length], the voice prefix
+    prefix_length: int = 0
+    stop_at_end: bool = True  # False: run the whole budget whatever is sampled (benchmarks)
+
+
+@dataclass
+class Harvest:
+    owner: Any
+    slot: int
+    codes: Tensor  # (num_codebooks, n) on the device; valid until the next iteration
+    first: bool  # the sequence's first frames: a new stream starts
+    final: bool  # the sequence ended (here, or at <|im_end|>, which is not included)
+
+
+@dataclass
+class _Running:
+    spec: SequenceSpec
+    owner: Any
+    slot: int
+    prompt_len: int
+    budget: int
+    steps: int = 0  # frames generated so far
+    emitted: int = 0  # frames handed out
+    harvested: bool = False
+
+
+class Scheduler:
+    def __init__(self, runner: StepRunner, prefix_cache: PrefixCache | None = None, max_admit_per_step: int = 8):
+        self.runner = runner
+        self.prefix_cache = prefix_cache
+        self.max_admit_per_step = max_admit_per_step
+        self.n_slots = runner.cache.n_slots
+        self._waiting: deque[tuple[SequenceSpec, Any]] = deque()
+        self._running: dict[int, _Running] = {}  # by slot
+        self._clock = 0  # decode steps run
+
+    # ---- queue --------------------------------------------------------------------------------
+
+    def submit(self, spec: SequenceSpec, owner: Owner, *, front: bool = False) -> None:
+        """Queue a sequence; front=True for the next text chunk of a request already running."""
+        (self._waiting.appendleft if front else self._waiting.append)((spec, owner))
+
+    @property
+    def busy(self) -> bool:
+        return bool(self._waiting or self._running)
+
+    @property
+    def running(self) -> int:
+        return len(self._running)
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiting)
+
+    @property
+    def free_slots(self) -> int:
+        return self.n_slots - len(self._running)
+
+    # ---- one iteration ------------------------------------------------------------------------
+
+    def iteration(self) -> list[Harvest]:
+        self._drop_cancelled()
+        self._admit()
+        if not self._running:
+            return []
+        self._step()
+        return self._harvest()
+
+    def fail_all(self, exc: BaseException) -> None:
+        """After an error in a batched step: every running and waiting sequence fails with it."""
+        for seq in list(self._running.values()):
+            self._retire(seq)
+            seq.owner.fail(exc)
+        while self._waiting:
+            self._waiting.popleft()[1].fail(exc)
+
+    def _drop_cancelled(self) -> None:
+        for seq in [s for s in self._running.values() if s.owner.cancelled]:
+            self._retire(seq)
+            seq.owner.fail(Cancelled())
+        if any(owner.cancelled for _, owner in self._waiting):
+            keep = deque()
+            for spec, owner in self._waiting:
+                if owner.cancelled:
+                    owner.fail(Cancelled())
+                else:
+                    keep.append((spec, owner))
+            self._waiting = keep
+
+    def _admit(self) -> None:
+        admitted = 0
+        while self._waiting and len(self._running) < self.n_slots and admitted < self.max_admit_per_step:
+            spec, owner = self._waiting.popleft()
+            slot = min(set(range(self.n_slots)) - self._running.keys())
+            try:
+                budget = frame_budget(spec.prompt.shape[1], spec.max_new_tokens, self.runner.cache.capacity)
+                self._prefill(slot, spec)
+                self.runner.state.start(slot, spec.prompt[:, -1], spec.prompt.shape[1] - 1, spec.temperature,
+                                        spec.top_p, spec.repetition_penalty, spec.noise_key)
+            except Exception as exc:  # this sequence's fault (or its prefill's): it alone fails
+                owner.fail(exc)
+                continue
+            self._running[slot] = _Running(spec, owner, slot, spec.prompt.shape[1], budget)
+            admitted += 1
+
+    def _prefill(self, slot: int, spec: SequenceSpec) -> None:
+        runner, prefix = self.runner, spec.prefix_length
+        usable = (self.prefix_cache is not None and spec.prefix_key is not None
+                  and MIN_PREFIX <= prefix < spec.prompt.shape[1])
+        if not usable:
+            runner.prefill(slot, spec.prompt)
+            return
+        # The prefix is always prefilled on its own, hit or miss, so a sequence's KV (and so its
+        # frames) does not depend on whether its voice was cached.
+        if not self.prefix_cache.load(spec.prefix_key, slot, prefix):
+            runner.prefill(slot, spec.prompt, 0, prefix)
+            self.prefix_cache.store(spec.prefix_key, slot, prefix)
+        runner.prefill(slot, spec.prompt, prefix)
+
+    def _step(self) -> None:
+        batch = max(self._running) + 1
+        kv_needed = max(s.prompt_len + s.steps for s in self._running.values())
+        self.runner.step(batch, kv_needed)
+        self._clock += 1
+        for seq in self._running.values():
+            seq.steps += 1
+
+    def _due(self, seq: _Running) -> bool:
+        if seq.steps >= seq.budget:
+            return True
+        if not seq.harvested:
+            return seq.steps >= FIRST_BLOCK
+        return self._clock % BLOCK == 0
+
+    def _harvest(self) -> list[Harvest]:
+        if not any(self._due(s) for s in self._running.values()):
+            return []
+        state = self.runner.state
+        batch = max(self._running) + 1
+        length, done = torch.stack([state.length[:batch], state.done[:batch].long()]).tolist()  # the host sync
+        harvests = []
+        for seq in list(self._running.values()):
+            ended = bool(done[seq.slot]) and seq.spec.stop_at_end
+            if not (ended or self._due(seq)):
+                continue
+            valid = length[seq.slot] if ended else seq.steps
+            final = ended or seq.steps >= seq.budget
+            codes = state.frames[seq.slot, 1:, seq.emitted:valid]
+            harvests.append(Harvest(seq.owner, seq.slot, codes, first=not seq.harvested, final=final))
+            seq.emitted, seq.harvested = valid, True
+            if final:
+                self._retire(seq)
+        return harvests
+
+    def _retire(self, seq: _Running) -> None:
+        self.runner.state.stop(seq.slot)
+        del self._running[seq.slot]

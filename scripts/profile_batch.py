@@ -1,0 +1,112 @@
+#!/usr/bin/env python
+"""How the decode step and the streaming codec scale with the batch (full-size weights, GPU).
+
+    python scripts/profile_batch.py --weights random [--batches 1,8,16,32,64] [--kv 1024] [--json out.json]
+
+For each batch size: the graphed decode step's time per step (every row one frame), and the
+streaming codec's time per chunk of --chunk frames for that many rows, eager and replayed as a
+CUDA graph. Prints frames/s and audio-seconds per second for each, the numbers that bound what
+continuous batching can reach.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+FRAMES_PER_AUDIO_SECOND = 44100 / 2048
+
+
+def timed(fn, repeats: int) -> float:
+    import torch
+
+    fn()
+    torch.cuda.synchronize()
+    started = time.perf_counter()
+    for _ in range(repeats):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - started) / repeats
+
+
+def graphed(fn):
+    import torch
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--weights", choices=["random", "real"], default="random")
+    p.add_argument("--checkpoint")
+    p.add_argument("--compile", default="on", choices=["on", "off"])
+    p.add_argument("--batches", default="1,8,16,32,64")
+    p.add_argument("--kv", type=int, default=1024, help="kv bucket of the timed steps")
+    p.add_argument("--chunk", type=int, default=16, help="codec chunk in frames")
+    p.add_argument("--json", type=Path)
+    args = p.parse_args(argv)
+    batches = [int(b) for b in args.batches.split(",")]
+
+    import torch
+
+    from engine import compilation
+    from engine.config import EngineConfig
+    from engine.loader import load_models
+    from engine.model.codec_stream import StreamingDecoder
+    from engine.runtime.kv_cache import KVCache
+    from engine.runtime.step_runner import StepRunner
+
+    models = load_models(EngineConfig(random_weights=args.weights == "random", checkpoint=args.checkpoint,
+                                      device="cuda"))
+    model, c = models.model, models.model.config
+    slots = max(batches)
+    cache = KVCache(c.n_layer, slots, c.n_local_heads, args.kv, c.head_dim, models.placement.dtype, "cuda")
+    runner = StepRunner(model, cache, compilation.decide(args.compile, torch.device("cuda")))
+    runner.kv_buckets = [args.kv]
+    runner.prepare(batches)
+    for slot in range(slots):
+        runner.state.start(slot, torch.zeros(c.num_codebooks + 1, dtype=torch.long, device="cuda"), args.kv // 2,
+                           0.8, 0.8, 1.1, slot)
+
+    rows = []
+    for batch in batches:
+        runner.state.positions.fill_(args.kv // 2)
+        step_s = timed(lambda: runner.step(batch, args.kv), 50)
+        decoder = StreamingDecoder(models.codec, batch)
+        codes = torch.cat([torch.randint(0, 4096, (batch, 1, args.chunk)),
+                           torch.randint(0, 1024, (batch, 9, args.chunk))], 1).cuda()
+        with torch.inference_mode():
+            codec_eager_s = timed(lambda: decoder.decode(codes), 10)
+            codec_graph_s = timed(graphed(lambda: decoder.decode(codes)), 20)
+        audio_s = batch * args.chunk / FRAMES_PER_AUDIO_SECOND
+        rows.append({
+            "batch": batch, "step_ms": step_s * 1000, "frames_per_s": batch / step_s,
+            "decode_audio_s_per_s": batch / step_s / FRAMES_PER_AUDIO_SECOND,
+            "codec_eager_ms": codec_eager_s * 1000, "codec_graph_ms": codec_graph_s * 1000,
+            "codec_graph_audio_s_per_s": audio_s / codec_graph_s,
+            "codec_eager_audio_s_per_s": audio_s / codec_eager_s,
+        })
+        print(json.dumps(rows[-1]))
+    result = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "kv": args.kv,
+              "chunk": args.chunk, "rows": rows, "peak_gb": torch.cuda.max_memory_allocated() / 1e9}
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
