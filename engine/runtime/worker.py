@@ -126,6 +126,7 @@ class GPUWorker:
             if job is None:
                 return
             self._run(job)
+            job = None  # hold no finished job (its unread output) while the loop waits
             busy = True  # the job may have handed work to the decode loop
 
     def _run(self, job: Job) -> None:

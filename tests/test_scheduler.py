@@ -1,0 +1,154 @@
+"""The continuous-batching scheduler on the tiny fixture model (CPU, eager, fp32).
+
+A sequence must get the same codes whether it runs alone or among others that come and go, with
+or without its voice prefix served from the prefix cache; cancelled and failed sequences free
+their slot at once without disturbing the rest."""
+
+import hashlib
+
+import pytest
+import torch
+
+from engine.compilation import CompilePolicy
+from engine.errors import Cancelled
+from engine.model.dual_ar import TokenLayout
+from engine.model.loading import load_dual_ar
+from engine.runtime.kv_cache import KVCache
+from engine.runtime.prefix_cache import PrefixCache
+from engine.runtime.scheduler import FIRST_BLOCK, Scheduler, SequenceSpec
+from engine.runtime.step_runner import StepRunner
+from engine.text.prompt import text_part, voice_prefix
+from engine.text.tokenizer import S1Tokenizer
+
+from scheduling import Collector, run_until_idle
+
+EAGER = CompilePolicy(False, False, "test")
+CAPACITY = 256
+
+
+@pytest.fixture(scope="module")
+def model(s1_dir, s1_expected):
+    ids = s1_expected["special_ids"]
+    return load_dual_ar(s1_dir, TokenLayout(ids["semantic_begin"], ids["semantic_end"], ids["im_end"]),
+                        "cpu", torch.float32)
+
+
+@pytest.fixture(scope="module")
+def specs(s1_dir, s1_expected):
+    """Six sequences: three texts in voice A (two references), two in voice B, one without a voice."""
+    tok = S1Tokenizer.from_dir(s1_dir)
+    refs = list(zip(s1_expected["prompt_b_ref_texts"], s1_expected["prompt_b_ref_codes"]))
+    voices = {"A": refs, "B": refs[1:], None: []}
+    plan = [("A", "The first sentence.", 0.8, 0.8, 1.2, 11), ("A", "Another one, longer than that.", 0.7, 0.9, 1.0, 12),
+            ("B", "Voice B speaks.", 0.8, 0.8, 1.1, 13), (None, "No voice at all.", 0.9, 0.7, 1.3, 14),
+            ("A", "A third text in voice A.", 0.8, 0.8, 1.2, 15), ("B", "B again.", 0.6, 0.95, 1.0, 16)]
+
+    def make(voice, text, t, top_p, rp, seed, frames=24):
+        prefix = voice_prefix(tok, voices[voice])
+        prompt = torch.cat([prefix, text_part(tok, text)], dim=1).long()
+        key = hashlib.sha1(prefix.numpy().tobytes()).hexdigest()
+        return SequenceSpec(prompt, t, top_p, rp, seed, frames, prefix_key=key, prefix_length=prefix.shape[1],
+                            stop_at_end=False)
+
+    return [make(*p) for p in plan]
+
+
+def scheduler_for(model, slots, prefix_bytes=1 << 30):
+    c = model.config
+    cache = KVCache(c.n_layer, slots, c.n_local_heads, CAPACITY, c.head_dim, torch.float32, "cpu")
+    return Scheduler(StepRunner(model, cache, EAGER), PrefixCache(cache, prefix_bytes), max_admit_per_step=2)
+
+
+def alone(model, spec):
+    scheduler = scheduler_for(model, 1)
+    owner = Collector()
+    scheduler.submit(spec, owner)
+    run_until_idle(scheduler)
+    return owner
+
+
+def test_a_sequence_gets_the_same_codes_alone_or_among_others(model, specs):
+    scheduler = scheduler_for(model, 4)
+    owners = [Collector() for _ in specs]
+    arrivals = {0: [0, 1], 3: [2], 5: [3, 4, 5]}  # six sequences, four slots: some wait for a free one
+
+    def arrive(i):
+        for k in arrivals.get(i, []):
+            scheduler.submit(specs[k], owners[k])
+
+    run_until_idle(scheduler, arrive)
+    assert scheduler.prefix_cache.hits >= 2  # voice A's and B's later sequences reused the prefix KV
+    for k, spec in enumerate(specs):
+        solo = alone(model, spec)
+        assert owners[k].error is None and owners[k].finished
+        assert owners[k].codes.shape == (10, spec.max_new_tokens)
+        assert torch.equal(owners[k].codes, solo.codes), f"sequence {k}"
+        assert owners[k].firsts[0] and not any(owners[k].firsts[1:])
+        assert owners[k].blocks[0].shape[1] == FIRST_BLOCK  # the first frames come early
+    assert not torch.equal(owners[0].codes, owners[4].codes)
+    assert scheduler.free_slots == 4 and not scheduler.busy
+    assert int(scheduler.runner.state.active.sum()) == 0
+
+
+def test_prefix_cache_hit_gives_the_same_codes_as_a_miss(model, specs):
+    scheduler = scheduler_for(model, 1)
+    first, second = Collector(), Collector()
+    scheduler.submit(specs[0], first)
+    run_until_idle(scheduler)
+    scheduler.submit(specs[0], second)
+    run_until_idle(scheduler)
+    assert scheduler.prefix_cache.stats()["hits"] == 1
+    assert torch.equal(first.codes, second.codes)
+
+
+def test_prefix_cache_evicts_to_its_budget(model, specs):
+    c = model.config
+    one_position = 2 * c.n_layer * c.n_local_heads * c.head_dim * 4
+    scheduler = scheduler_for(model, 2, prefix_bytes=one_position * specs[0].prefix_length)
+    for spec in (specs[0], specs[2], specs[0]):
+        scheduler.submit(spec, Collector())
+        run_until_idle(scheduler)
+    cache = scheduler.prefix_cache
+    assert len(cache) == 1 and cache.bytes <= cache.max_bytes
+    assert cache.stats()["hits"] == 0  # voice A was evicted by voice B before it came back
+
+
+def test_cancelling_frees_the_slot_at_the_next_iteration(model, specs):
+    scheduler = scheduler_for(model, 2)
+    keep, drop, waiting = Collector(), Collector(), Collector()
+    scheduler.submit(specs[0], keep)
+    scheduler.submit(specs[1], drop)
+    scheduler.iteration()
+    scheduler.submit(specs[2], waiting)
+    scheduler.iteration()
+    assert scheduler.running == 2 and scheduler.waiting == 1
+    drop.cancelled = True
+    scheduler.iteration()
+    assert isinstance(drop.error, Cancelled)
+    assert scheduler.running == 2 and scheduler.waiting == 0  # its slot went straight to the waiting one
+    run_until_idle(scheduler)
+    assert torch.equal(keep.codes, alone(model, specs[0]).codes)
+    assert torch.equal(waiting.codes, alone(model, specs[2]).codes)
+
+
+def test_a_cancelled_waiting_sequence_never_runs(model, specs):
+    scheduler = scheduler_for(model, 1)
+    running, waiting = Collector(), Collector()
+    scheduler.submit(specs[0], running)
+    scheduler.submit(specs[1], waiting)
+    scheduler.iteration()
+    waiting.cancelled = True
+    run_until_idle(scheduler)
+    assert isinstance(waiting.error, Cancelled) and not waiting.blocks
+    assert running.finished and running.error is None
+
+
+def test_a_sequence_that_cannot_start_fails_alone(model, specs):
+    scheduler = scheduler_for(model, 2)
+    too_long = SequenceSpec(torch.zeros(11, CAPACITY + 5, dtype=torch.long), 0.8, 0.8, 1.0, 1, 10)
+    bad, good = Collector(), Collector()
+    scheduler.submit(too_long, bad)
+    scheduler.submit(specs[3], good)
+    run_until_idle(scheduler)
+    assert isinstance(bad.error, ValueError) and "no room" in str(bad.error)
+    assert good.finished and torch.equal(good.codes, alone(model, specs[3]).codes)
