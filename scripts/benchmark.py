@@ -9,7 +9,10 @@ Measures, per configuration: single-stream decode frames/s and real-time factor 
 --prompt-positions positions, --frames frames), prefill time, time to first audio while streaming,
 codec decode time per audio second, cold compile and warm restart (fresh processes sharing a fresh
 compile cache), memory after load and at peak, and end-to-end latency percentiles over --requests
-requests of two kinds: a short text, and a voice clone with a 10 s reference.
+requests of two kinds: a short text, and a voice clone with a 10 s reference; then a concurrency
+sweep (continuous batching, in process, codec included): at each level, that many streams at once,
+each a ~10 s request (unique texts; half of them clone one of two voices), with aggregate
+audio-seconds per second, time to first audio and per-request real-time factor.
 """
 
 from __future__ import annotations
@@ -40,6 +43,10 @@ def parse_args(argv=None):
     p.add_argument("--compile", default="auto", choices=["auto", "on", "off"])
     p.add_argument("--compile-mode", default="default", choices=["default", "max-autotune"])
     p.add_argument("--quantize", default="none")
+    p.add_argument("--max-batch-size", type=int, default=64, help="KV slots (concurrent sequences) of the engine")
+    p.add_argument("--concurrency", default="1,4,16,64",
+                   help="concurrency levels of the in-process sweep (comma-separated; empty to skip)")
+    p.add_argument("--sweep-requests", type=int, default=2, help="requests per stream at each concurrency level")
     p.add_argument("--frames", type=int, default=400, help="frames per single-stream decode run")
     p.add_argument("--prompt-positions", type=int, default=280)
     p.add_argument("--runs", type=int, default=3, help="single-stream decode runs (the median is reported)")
@@ -61,7 +68,7 @@ def engine_config(settings: dict, cache_dir: str | None = None):
     return EngineConfig(
         checkpoint=settings.get("checkpoint"), random_weights=settings["weights"] == "random",
         device=settings["device"], precision=settings["precision"], compile=settings["compile"],
-        quantize=settings["quantize"], cache_dir=cache_dir, max_batch_size=1,
+        quantize=settings["quantize"], cache_dir=cache_dir, max_batch_size=int(settings.get("max_batch_size", 1)),
         compile_mode=settings.get("compile_mode", "default"),
         voices_dir=tempfile.mkdtemp(prefix="bench-voices-"), max_text_length=0,
     )
@@ -118,7 +125,7 @@ def startup_env() -> dict:
 
 def settings_to_argv(settings: dict) -> list[str]:
     argv = []
-    for key in ("weights", "device", "precision", "compile", "compile_mode", "quantize"):
+    for key in ("weights", "device", "precision", "compile", "compile_mode", "quantize", "max_batch_size"):
         argv += [f"--{key.replace('_', '-')}", str(settings[key])]
     if settings.get("checkpoint"):
         argv += ["--checkpoint", settings["checkpoint"]]
@@ -167,6 +174,7 @@ def measure_in_process(settings: dict, args) -> dict:
 
     from engine.facade import ReferenceInput, TTSEngine
     from engine.params import SamplingParams
+    from engine.runtime.scheduler import SequenceSpec
 
     engine = TTSEngine.from_config(engine_config(settings))
     device = engine.models.placement.device
@@ -176,21 +184,24 @@ def measure_in_process(settings: dict, args) -> dict:
     engine.warmup()
     after_warmup = torch.cuda.max_memory_allocated(device) / 1e9 if device.type == "cuda" else None
     runner = engine._synthesizer.runner
+    scheduler = engine._synthesizer.scheduler
     prompt = synthetic_prompt(engine, args.prompt_positions).to(device)
 
     def decode_run(seed):
-        """(prefill seconds, decode seconds for args.frames frames)."""
+        """(prefill seconds, decode seconds for args.frames frames) of one sequence alone."""
         sync(device)
         t0 = time.perf_counter()
         runner.prefill(0, prompt)
         sync(device)
         t1 = time.perf_counter()
-        blocks = list(runner.generate(prompt, temperature=0.8, top_p=0.8, repetition_penalty=1.1, noise_key=seed,
-                                      max_new_tokens=args.frames, stop_at_end=False))
+        spec = SequenceSpec(prompt, 0.8, 0.8, 1.1, seed, args.frames, stop_at_end=False)
+        scheduler.submit(spec, _Sink())
+        frames = 0
+        while scheduler.busy:
+            frames += sum(h.codes.shape[1] for h in scheduler.iteration())
         sync(device)
         t2 = time.perf_counter()
-        frames = sum(b.shape[1] for b in blocks)
-        # generate() prefills again: subtract one prefill from the decode wall time.
+        # The scheduler prefills again: subtract one prefill from the decode wall time.
         return t1 - t0, (t2 - t1) - (t1 - t0), frames
 
     runs = [engine._worker.call(lambda s=seed: decode_run(s)) for seed in range(args.runs)]
@@ -200,7 +211,7 @@ def measure_in_process(settings: dict, args) -> dict:
     frames = runs[0][2]
     fps = frames / decode_s
 
-    # Codec: decode args.frames frames in one call.
+    # Codec: the same number of frames, streamed in the scheduler's block sizes.
     codes = torch.cat([torch.randint(0, 4096, (1, 1, frames)), torch.randint(0, 1024, (1, 9, frames))], dim=1)
     codec_times = [engine._worker.call(lambda: _time_codec(engine, codes)) for _ in range(3)]
     codec_s = float(np.median(codec_times))
@@ -219,9 +230,12 @@ def measure_in_process(settings: dict, args) -> dict:
             totals.append((time.perf_counter() - started) * 1000)
             ttfa.append((first - started) * 1000)
         latency[kind] = percentiles(totals)
+    levels = [c for c in args.concurrency if c <= engine.slots]
+    sweep = [concurrency_level(engine, streams, args) for streams in levels]
     stats = engine.stats()
     engine.close()
     return {
+        "concurrency": sweep,
         "single_stream": {
             "frames_per_s": fps, "ms_per_frame": 1000 / fps,
             "real_time_factor": FRAMES_PER_AUDIO_SECOND / fps, "x_real_time": fps / FRAMES_PER_AUDIO_SECOND,
@@ -239,34 +253,87 @@ def measure_in_process(settings: dict, args) -> dict:
     }
 
 
+class _Sink:
+    """Owner of a benchmark's bare sequence: never cancelled, failures raised."""
+
+    cancelled = False
+
+    def fail(self, exc):
+        raise exc
+
+
 def _time_codec(engine, codes) -> float:
-    """Streaming decode in the engine's block sizes, as a request runs it."""
+    """Streaming decode in the scheduler's block sizes, as a request runs it."""
     import torch
 
-    from engine.runtime.step_runner import BLOCK, FIRST_BLOCK
+    from engine.runtime.scheduler import BLOCK, FIRST_BLOCK
 
     device = engine.models.placement.device
-    decoder = engine._synthesizer.decoder
+    decoder = engine._synthesizer.codec_runner.decoder
     codes = codes.to(device)
     sync(device)
     t0 = time.perf_counter()
-    decoder.reset()
+    decoder.reset([0])
     with torch.inference_mode():
         start = 0
         for size in [FIRST_BLOCK] + [BLOCK] * (codes.shape[-1] // BLOCK + 1):
             if start < codes.shape[-1]:
-                decoder.decode(codes[..., start:start + size])
+                decoder.decode(codes[..., start:start + size], rows=[0])
             start += size
     sync(device)
     return time.perf_counter() - t0
 
 
-def _reference_signal(seconds: float):
+def concurrency_level(engine, streams: int, args) -> dict:
+    """`streams` clients at once, each sending args.sweep_requests requests back to back."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from engine.facade import ReferenceInput
+    from engine.params import SamplingParams
+
+    voices = [ReferenceInput((44100, _reference_signal(10.0, seed)), f"Reference voice number {seed}.")
+              for seed in (1, 2)]
+    params = SamplingParams(max_new_tokens=args.request_frames)
+
+    def client(index):
+        records = []
+        for r in range(args.sweep_requests):
+            n = index * args.sweep_requests + r
+            refs = [voices[n % 2]] if n % 4 < 2 else []
+            started, first, samples = time.perf_counter(), None, 0
+            try:
+                for chunk in engine.synthesize_stream(f"{SHORT_TEXT} This is stream {n} at level {streams}.",
+                                                      references=refs, params=params):
+                    first = first or time.perf_counter()
+                    samples += len(chunk)
+            except Exception as exc:  # counted, not fatal: the sweep reports errors per level
+                records.append({"error": repr(exc)})
+                continue
+            total, audio_s = time.perf_counter() - started, samples / engine.sample_rate
+            records.append({"ttfa_ms": (first - started) * 1000, "rtf": total / audio_s, "audio_s": audio_s})
+        return records
+
+    started = time.perf_counter()
+    with ThreadPoolExecutor(streams) as pool:
+        records = [r for batch in pool.map(client, range(streams)) for r in batch]
+    wall = time.perf_counter() - started
+    ok = [r for r in records if "error" not in r]
+    audio = sum(r["audio_s"] for r in ok)
+    ttfa, rtf = percentiles([r["ttfa_ms"] for r in ok]), percentiles([r["rtf"] for r in ok])
+    return {"streams": streams, "requests": len(records), "errors": len(records) - len(ok),
+            "audio_s_per_s": audio / wall, "frames_per_s": audio * FRAMES_PER_AUDIO_SECOND / wall,
+            "ttfa_ms_p50": ttfa["p50"], "ttfa_ms_p95": ttfa["p95"], "rtf_p50": rtf["p50"],
+            "rtf_max": max(r["rtf"] for r in ok), "wall_s": wall, "audio_s": audio,
+            "error_examples": [r["error"] for r in records if "error" in r][:3]}
+
+
+def _reference_signal(seconds: float, seed: int = 0):
     import numpy as np
 
     t = np.arange(int(44100 * seconds)) / 44100
-    rng = np.random.default_rng(0)
-    voiced = 0.3 * np.sin(2 * np.pi * (120 + 40 * np.sin(2 * np.pi * 0.5 * t)) * t)
+    rng = np.random.default_rng(seed)
+    pitch = 120 + 30 * seed
+    voiced = 0.3 * np.sin(2 * np.pi * (pitch + 40 * np.sin(2 * np.pi * 0.5 * t)) * t)
     return (voiced * (0.6 + 0.4 * np.sin(2 * np.pi * 3 * t)) + 0.02 * rng.standard_normal(t.shape)).astype(np.float32)
 
 
@@ -310,6 +377,12 @@ def print_table(results: list[dict]) -> None:
             value = get(r)
             cells.append("-" if value is None else fmt.format(value))
         print(f"{label:28}" + "".join(f"{c:>22}" for c in cells))
+    for r in results:
+        if r.get("concurrency"):
+            print(f"\nconcurrency sweep ({r['name']}): streams  audio-s/s  TTFA p50/p95 ms  RTF p50/max  errors")
+            for level in r["concurrency"]:
+                print(f"{level['streams']:>38} {level['audio_s_per_s']:>10.1f} {level['ttfa_ms_p50']:>8.0f}/"
+                      f"{level['ttfa_ms_p95']:<6.0f} {level['rtf_p50']:>7.3f}/{level['rtf_max']:<6.3f} {level['errors']:>4}")
 
 
 def write_html(path: Path, report: dict) -> None:
@@ -323,7 +396,7 @@ def write_html(path: Path, report: dict) -> None:
 
     configs = report["configurations"]
     names = [c["name"] for c in configs]
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+    fig, axes = plt.subplots(1, 4, figsize=(20, 4))
     axes[0].bar(names, [c["single_stream"]["frames_per_s"] for c in configs], color="#4a7")
     axes[0].axhline(212, color="gray", ls="--", label="reference, compiled (212)")
     axes[0].set_title("single-stream frames/s")
@@ -338,6 +411,17 @@ def write_html(path: Path, report: dict) -> None:
     axes[1].legend(fontsize=7)
     axes[2].bar(names, [c["memory"]["peak_gb"] or 0 for c in configs], color="#a74")
     axes[2].set_title("peak GPU memory (GB)")
+    for c in configs:
+        levels = c.get("concurrency") or []
+        if levels:
+            streams = [lv["streams"] for lv in levels]
+            axes[3].plot(streams, [lv["audio_s_per_s"] for lv in levels], marker="o", label=f"{c['name']}: audio-s/s")
+            axes[3].plot(streams, [lv["ttfa_ms_p50"] for lv in levels], marker="s", ls="--",
+                         label=f"{c['name']}: TTFA p50 ms")
+    axes[3].set_xscale("log", base=2)
+    axes[3].set_xlabel("concurrent streams")
+    axes[3].set_title("continuous batching (codec included)")
+    axes[3].legend(fontsize=7)
     fig.tight_layout()
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=110)
@@ -362,8 +446,9 @@ def write_html(path: Path, report: dict) -> None:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    args.concurrency = [int(c) for c in args.concurrency.split(",") if c.strip()]
     base = {k: getattr(args, k) for k in ("weights", "checkpoint", "device", "precision", "compile", "compile_mode",
-                                          "quantize")}
+                                          "quantize", "max_batch_size")}
     if args.phase == "startup":
         print(json.dumps(startup_phase(base, args.cache_dir)))
         return 0
@@ -378,7 +463,8 @@ def main(argv=None) -> int:
             result["startup"] = measure_startup(settings)
         results.append(result)
     first = results[0]
-    report = {"environment": environment(), **{k: first[k] for k in ("single_stream", "codec", "latency_ms", "memory")},
+    report = {"environment": environment(),
+              **{k: first[k] for k in ("single_stream", "codec", "latency_ms", "memory", "concurrency")},
               "startup": first.get("startup", {}), "device": environment()["device"],
               "torch": environment()["torch"], "commit": environment()["commit"], "configurations": results}
     print_table(results)

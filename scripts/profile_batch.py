@@ -57,12 +57,14 @@ def main(argv=None) -> int:
     p.add_argument("--batches", default="1,8,16,32,64")
     p.add_argument("--kv", type=int, default=1024, help="kv bucket of the timed steps")
     p.add_argument("--chunk", type=int, default=16, help="codec chunk in frames")
+    p.add_argument("--cudnn-benchmark", action="store_true", help="let cuDNN time its convolution algorithms")
     p.add_argument("--json", type=Path)
     args = p.parse_args(argv)
     batches = [int(b) for b in args.batches.split(",")]
 
     import torch
 
+    torch.backends.cudnn.benchmark = args.cudnn_benchmark
     from engine import compilation
     from engine.config import EngineConfig
     from engine.loader import load_models
@@ -102,6 +104,7 @@ def main(argv=None) -> int:
         })
         print(json.dumps(rows[-1]))
     result = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "kv": args.kv,
+              "cudnn_benchmark": args.cudnn_benchmark,
               "chunk": args.chunk, "rows": rows, "peak_gb": torch.cuda.max_memory_allocated() / 1e9}
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))

@@ -7,6 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
+import torch
 
 from engine.config import EngineConfig
 from engine.facade import ReferenceInput, TTSEngine
@@ -15,13 +16,18 @@ from engine.synthesis import RequestRun
 from engine.runtime.worker import Job
 
 
-@pytest.fixture(scope="module")
-def engine(tmp_path_factory):
+@pytest.fixture(scope="module", params=["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def engine(request, tmp_path_factory):
     root = tmp_path_factory.mktemp("batching")
-    engine = TTSEngine.from_config(EngineConfig(demo=True, device="cpu", max_batch_size=8, max_queue=64,
+    engine = TTSEngine.from_config(EngineConfig(demo=True, device=request.param, max_batch_size=8, max_queue=64,
                                                 cache_dir=str(root / "cache"), voices_dir=str(root / "voices")))
+    engine.warmup()  # on CUDA: compile and capture every graph before measuring memory
     yield engine
     engine.close()
+
+
+def allocated(engine) -> int:
+    return torch.cuda.memory_allocated() if engine.models.placement.device.type == "cuda" else 0
 
 
 def wait_idle(engine, timeout=30.0):
@@ -53,6 +59,7 @@ def test_no_slot_or_memory_leak_after_1000_requests_with_cancellations(engine):
     plan = [(rng.random(), rng.randint(2, 10)) for _ in range(1000)]
     voice = reference_clip()
     outcomes = {"complete": 0, "cancelled": 0}
+    before = allocated(engine)
 
     def one(i):
         draw, frames = plan[i]
@@ -81,5 +88,7 @@ def test_no_slot_or_memory_leak_after_1000_requests_with_cancellations(engine):
     assert stats["running"] == 0 and stats["queue_depth"] == 0
     gc.collect()
     assert not [o for o in gc.get_objects() if isinstance(o, (RequestRun, Job))]
+    # GPU memory: what grew is the prefix cache (bounded) and allocator rounding, nothing per request.
+    assert allocated(engine) - before <= prefix.bytes + 64 * 2**20
     # And it still serves.
     assert len(engine.synthesize("Still here.", params=SamplingParams(max_new_tokens=4, seed=1)).audio) > 0

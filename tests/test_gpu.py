@@ -11,7 +11,10 @@ from engine.model.loading import load_dual_ar
 from engine.runtime.generate import generate
 from engine.runtime.kv_cache import KVCache
 from engine.runtime.sampling import SamplingTensors
+from engine.runtime.prefix_cache import PrefixCache
+from engine.runtime.scheduler import Scheduler, SequenceSpec
 from engine.runtime.step_runner import StepRunner
+from scheduling import Collector, run_until_idle
 
 pytestmark = pytest.mark.gpu
 
@@ -35,10 +38,13 @@ def new_cache(model, slots=1):
 
 
 def run(runner, prompt, setting, frames=40):
+    """Every column (token row and codes) of one sequence run alone through the scheduler."""
     t, top_p, rp, seed = setting
-    blocks = runner.generate(prompt, temperature=t, top_p=top_p, repetition_penalty=rp, noise_key=seed,
-                             max_new_tokens=frames, stop_at_end=False)
-    return torch.cat(list(blocks), dim=1)
+    scheduler = Scheduler(runner)
+    owner = Collector()
+    scheduler.submit(SequenceSpec(prompt, t, top_p, rp, seed, frames, stop_at_end=False), owner)
+    run_until_idle(scheduler)
+    return runner.state.frames[0, :, :frames].clone()
 
 
 @pytest.mark.parametrize("setting", SETTINGS)
@@ -60,6 +66,29 @@ def test_compiled_graphed_step_matches_eager_step(tiny_model, s1_expected, setti
     runner = StepRunner(tiny_model, new_cache(tiny_model), COMPILED_GRAPHS)
     runner.prepare()
     assert torch.equal(run(runner, prompt, setting), eager)
+
+
+@pytest.mark.parametrize("policy", [EAGER_GRAPHS, COMPILED_GRAPHS], ids=["eager-graphs", "compiled-graphs"])
+def test_a_sequence_gets_the_same_codes_alone_or_in_a_full_graphed_batch(tiny_model, s1_expected, policy):
+    prompts = [s1_expected["prompt_b"].long().cuda(), s1_expected["prompt_a"].long().cuda()]
+    plan = [(prompts[i % 2], (0.8, 0.8, 1.2, 40 + i)) for i in range(6)]  # 6 sequences, 4 slots: some wait
+
+    def graphed_scheduler(slots):
+        runner = StepRunner(tiny_model, new_cache(tiny_model, slots), policy)
+        runner.prepare()
+        return Scheduler(runner, PrefixCache(runner.cache, 1 << 30))
+
+    batched = graphed_scheduler(4)
+    owners = [Collector() for _ in plan]
+    for (prompt, (t, top_p, rp, seed)), owner in zip(plan, owners):
+        batched.submit(SequenceSpec(prompt, t, top_p, rp, seed, 48, stop_at_end=False), owner)
+    run_until_idle(batched)
+    single = graphed_scheduler(1)
+    for (prompt, (t, top_p, rp, seed)), owner in zip(plan, owners):
+        alone = Collector()
+        single.submit(SequenceSpec(prompt, t, top_p, rp, seed, 48, stop_at_end=False), alone)
+        run_until_idle(single)
+        assert torch.equal(owner.codes, alone.codes)
 
 
 def test_full_size_bf16_compiled_logits_close_to_eager():
