@@ -85,23 +85,26 @@ class Synthesizer:
         RequestRun(self, request, job).begin()
 
     def iterate(self) -> bool:
-        """One scheduler iteration and the audio of what it harvested; True while work remains."""
-        harvests = []
+        """One scheduler iteration; its harvest goes to the codec, finished audio to its requests.
+        True while work remains."""
         try:
             harvests = self.scheduler.iteration()
-            audio = self.codec_runner.decode(harvests)
+            for h in harvests:
+                h.owner.harvested(h.codes)
+            if harvests:
+                self.codec_runner.submit(harvests)
         except Exception as exc:  # a batched step or decode failed: its sequences fail, the worker lives
             logger.exception("decode step failed; failing the requests in it")
-            for h in harvests:
-                h.owner.fail(exc)
+            for owner in self.codec_runner.discard():
+                owner.fail(exc)
             self.scheduler.fail_all(exc)
             return self.scheduler.busy
-        for harvest, samples in zip(harvests, audio):
+        for item in self.codec_runner.completed(wait=not self.scheduler.busy):
             try:
-                harvest.owner.deliver(samples, harvest.codes, harvest.final)
+                item.owner.deliver(item.audio, item.frames, item.final)
             except Exception as exc:  # e.g. the next chunk's prompt is too long: that request alone fails
-                harvest.owner.fail(exc)
-        return self.scheduler.busy
+                item.owner.fail(exc)
+        return self.scheduler.busy or self.codec_runner.pending
 
 
 class RequestRun:
@@ -125,11 +128,16 @@ class RequestRun:
         self.voice = [(text, self.synth.reference_cache.get_codes(samples)) for samples, text in self.request.references]
         self._queue_chunk(0)
 
-    def deliver(self, samples: np.ndarray, codes: torch.Tensor, final: bool) -> None:
-        """Audio for the chunk's next frames (codes (num_codebooks, n)); `final` ends the chunk."""
+    def harvested(self, codes: torch.Tensor) -> None:
+        """The chunk's next frames (num_codebooks, n), as they leave the scheduler."""
         if not self.request.references and self.index == 0 and len(self.request.chunks) > 1:
-            self._first_chunk_codes.append(codes.cpu())  # the voice of the next chunks
-        self.job.emit(AudioChunk(self.fader.push(samples), codes.shape[1], self.index))
+            self._first_chunk_codes.append(codes.clone())  # the voice of the next chunks (a device copy)
+
+    def deliver(self, samples: np.ndarray, frames: int, final: bool) -> None:
+        """Audio for the chunk's next `frames` frames; `final` ends the chunk."""
+        if self.job.finished:  # failed or cancelled meanwhile: nobody listens
+            return
+        self.job.emit(AudioChunk(self.fader.push(samples), frames, self.index))
         if not final:
             return
         self.job.emit(AudioChunk(self.fader.finish(), 0, self.index))
@@ -140,7 +148,7 @@ class RequestRun:
 
     def _queue_chunk(self, index: int) -> None:
         if index == 1 and self._first_chunk_codes:
-            self.voice = [(self.request.chunks[0], torch.cat(self._first_chunk_codes, dim=1))]
+            self.voice = [(self.request.chunks[0], torch.cat(self._first_chunk_codes, dim=1).cpu())]
         self.index = index
         last = len(self.request.chunks) - 1
         rate = self.synth.sample_rate

@@ -70,8 +70,10 @@ class DecodeState:
         self.active[slot] = 1
 
     def stop(self, slot: int) -> None:
-        """Free the slot: its row keeps running inside larger batches but no longer advances."""
+        """Free the slot: its row keeps running inside larger batches but no longer advances, and
+        writes its KV at position 0 (its last position may be the cache's end)."""
         self.active[slot] = 0
+        self.positions[slot] = 0
 
 
 def decode_step(model: DualARTransformer, head, cache: KVCache, fast_cache: KVCache, state: DecodeState,

@@ -7,10 +7,15 @@ One `iteration()` (on the GPU worker thread):
      from the prefix cache when it is there) and their row of the decode state started;
   3. runs one batched decode step for every slot up to the highest one in use (a CUDA-graph
      replay for the batch and kv-length buckets; idle rows inside the bucket stand still);
-  4. every so often reads back, in one small host sync, how many frames each slot has before
-     `<|im_end|>`, and hands out the new frames of the sequences that are due (a new sequence after
-     FIRST_BLOCK frames, for an early first audio; then all of them together every BLOCK steps, so
-     that their audio decodes in one batched codec call), retiring those that finished.
+  4. every so often reads back how many frames each slot has before `<|im_end|>`, and hands out
+     the new frames of the sequences that are due (a new sequence after FIRST_BLOCK frames, for an
+     early first audio; then all of them together every BLOCK steps, so that their audio decodes in
+     one batched codec call), retiring those that finished.
+
+The read-back lags one step: after a step that makes sequences due, a copy of the counts is queued
+behind it, and the next iteration reads it only after launching its own step. The GPU so always
+has a step queued while the host waits and hands out frames; a finished sequence runs one step more
+than it needs, which nobody sees.
 
 Nothing here knows about audio or requests: a sequence's owner is any object with a `cancelled`
 property and a `fail(exc)` method; frames come back as `Harvest`s for the caller to decode.
@@ -66,6 +71,21 @@ class Harvest:
 
 
 @dataclass
+class _Snapshot:
+    """Per-slot frame counts and end flags copied to the host after one step, and who was due then."""
+
+    host: Tensor  # (2, S) int64: frames before <|im_end|>, and done
+    ready: Any  # a CUDA event recorded after the copy, or None when the copy was synchronous
+    steps: dict[int, tuple["_Running", int, bool]]  # slot -> (sequence, its steps then, due then)
+
+    def wait(self) -> tuple[list[int], list[int]]:
+        if self.ready is not None:
+            self.ready.synchronize()
+        length, done = self.host.tolist()
+        return length, done
+
+
+@dataclass
 class _Running:
     spec: SequenceSpec
     owner: Any
@@ -86,6 +106,12 @@ class Scheduler:
         self._waiting: deque[tuple[SequenceSpec, Any]] = deque()
         self._running: dict[int, _Running] = {}  # by slot
         self._clock = 0  # decode steps run
+        self._snapshot: _Snapshot | None = None
+        device = runner.state.length.device
+        pinned = device.type == "cuda"
+        # Two buffers: the snapshot of this step is written while the last one is being read.
+        self._host = [torch.zeros(2, self.n_slots, dtype=torch.int64, pin_memory=pinned) for _ in range(2)]
+        self._flip = 0
 
     # ---- queue --------------------------------------------------------------------------------
 
@@ -95,7 +121,8 @@ class Scheduler:
 
     @property
     def busy(self) -> bool:
-        return bool(self._waiting or self._running)
+        # A snapshot not yet read still holds its sequences' owners: one more iteration drops it.
+        return bool(self._waiting or self._running or self._snapshot is not None)
 
     @property
     def running(self) -> int:
@@ -114,10 +141,10 @@ class Scheduler:
     def iteration(self) -> list[Harvest]:
         self._drop_cancelled()
         self._admit()
-        if not self._running:
-            return []
-        self._step()
-        return self._harvest()
+        snapshot, self._snapshot = self._snapshot, None
+        if self._running:
+            self._step()
+        return self._harvest(snapshot) if snapshot is not None else []
 
     def fail_all(self, exc: BaseException) -> None:
         """After an error in a batched step: every running and waiting sequence fails with it."""
@@ -177,6 +204,9 @@ class Scheduler:
         self._clock += 1
         for seq in self._running.values():
             seq.steps += 1
+        due = {slot: self._due(seq) for slot, seq in self._running.items()}
+        if any(due.values()):
+            self._snapshot = self._take_snapshot(due)
 
     def _due(self, seq: _Running) -> bool:
         if seq.steps >= seq.budget:
@@ -185,21 +215,34 @@ class Scheduler:
             return seq.steps >= FIRST_BLOCK
         return self._clock % BLOCK == 0
 
-    def _harvest(self) -> list[Harvest]:
-        if not any(self._due(s) for s in self._running.values()):
-            return []
+    def _take_snapshot(self, due: dict[int, bool]) -> _Snapshot:
         state = self.runner.state
-        batch = max(self._running) + 1
-        length, done = torch.stack([state.length[:batch], state.done[:batch].long()]).tolist()  # the host sync
+        host = self._host[self._flip]
+        self._flip ^= 1
+        host[0].copy_(state.length, non_blocking=True)
+        host[1].copy_(state.done, non_blocking=True)
+        ready = None
+        if host.is_pinned():
+            ready = torch.cuda.Event()
+            ready.record()
+        steps = {slot: (seq, seq.steps, due[slot]) for slot, seq in self._running.items()}
+        return _Snapshot(host, ready, steps)
+
+    def _harvest(self, snapshot: _Snapshot) -> list[Harvest]:
+        """Frames of the sequences due at the snapshot's step (or found ended there)."""
+        length, done = snapshot.wait()
+        frames = self.runner.state.frames
         harvests = []
-        for seq in list(self._running.values()):
-            ended = bool(done[seq.slot]) and seq.spec.stop_at_end
-            if not (ended or self._due(seq)):
+        for slot, (seq, steps, due) in snapshot.steps.items():
+            if self._running.get(slot) is not seq:
+                continue  # cancelled since
+            ended = bool(done[slot]) and seq.spec.stop_at_end
+            if not (ended or due):
                 continue
-            valid = length[seq.slot] if ended else seq.steps
-            final = ended or seq.steps >= seq.budget
-            codes = state.frames[seq.slot, 1:, seq.emitted:valid]
-            harvests.append(Harvest(seq.owner, seq.slot, codes, first=not seq.harvested, final=final))
+            valid = length[slot] if ended else steps
+            final = ended or steps >= seq.budget
+            codes = frames[slot, 1:, seq.emitted:valid]
+            harvests.append(Harvest(seq.owner, slot, codes, first=not seq.harvested, final=final))
             seq.emitted, seq.harvested = valid, True
             if final:
                 self._retire(seq)
