@@ -231,7 +231,11 @@ def measure_in_process(settings: dict, args) -> dict:
             ttfa.append((first - started) * 1000)
         latency[kind] = percentiles(totals)
     levels = [c for c in args.concurrency if c <= engine.slots]
-    sweep = [concurrency_level(engine, streams, args) for streams in levels]
+    voices = [ReferenceInput((44100, _reference_signal(10.0, seed)), f"Reference voice number {seed}.")
+              for seed in (1, 2)]
+    for v in voices:  # encoded once before the sweep: a server's voices are warm
+        engine.synthesize("Warm up.", references=[v], params=SamplingParams(max_new_tokens=8, seed=0))
+    sweep = [concurrency_level(engine, streams, voices, args) for streams in levels]
     stats = engine.stats()
     engine.close()
     return {
@@ -284,15 +288,13 @@ def _time_codec(engine, codes) -> float:
     return time.perf_counter() - t0
 
 
-def concurrency_level(engine, streams: int, args) -> dict:
-    """`streams` clients at once, each sending args.sweep_requests requests back to back."""
+def concurrency_level(engine, streams: int, voices, args) -> dict:
+    """`streams` clients at once, each sending args.sweep_requests requests back to back; half of
+    the requests clone one of `voices`."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from engine.facade import ReferenceInput
     from engine.params import SamplingParams
 
-    voices = [ReferenceInput((44100, _reference_signal(10.0, seed)), f"Reference voice number {seed}.")
-              for seed in (1, 2)]
     params = SamplingParams(max_new_tokens=args.request_frames)
 
     def client(index):
