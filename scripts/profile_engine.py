@@ -1,0 +1,84 @@
+#!/usr/bin/env python
+"""Where the engine loop's wall time goes under load (host side), at a few concurrency levels.
+
+    python scripts/profile_engine.py --weights random [--levels 1,16,64] [--frames 215] [--json out.json]
+
+Wraps the parts of one worker iteration with wall-clock accumulators (admission and prefill,
+the decode-step launch, waiting for the frame counts, codec submission, waiting for finished
+audio, delivery) and runs `--levels` concurrent streams of ~10 s requests through the engine.
+The sum of the parts against the level's wall time shows whether the host or the GPU bounds it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+def timed_method(obj, name: str, totals: dict, label: str | None = None) -> None:
+    original = getattr(obj, name)
+
+    def wrapper(*args, **kwargs):
+        started = time.perf_counter()
+        try:
+            return original(*args, **kwargs)
+        finally:
+            totals[label or name] += time.perf_counter() - started
+
+    setattr(obj, name, wrapper)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--weights", choices=["random", "real"], default="random")
+    p.add_argument("--checkpoint")
+    p.add_argument("--levels", default="1,16,64")
+    p.add_argument("--frames", type=int, default=215)
+    p.add_argument("--json", type=Path)
+    args = p.parse_args(argv)
+
+    from engine.config import EngineConfig
+    from engine.facade import TTSEngine
+    from engine.params import SamplingParams
+    from engine.runtime import scheduler as scheduler_module
+
+    engine = TTSEngine.from_config(EngineConfig(random_weights=args.weights == "random", checkpoint=args.checkpoint,
+                                                max_batch_size=max(int(x) for x in args.levels.split(","))))
+    engine.warmup()
+    synth = engine._synthesizer
+    totals: dict = defaultdict(float)
+    timed_method(synth, "iterate", totals, "iterate (all)")
+    timed_method(synth.scheduler, "_admit", totals, "admit + prefill")
+    timed_method(synth.scheduler, "_step", totals, "step launch + snapshot")
+    timed_method(synth.codec_runner, "submit", totals, "codec submit")
+    timed_method(synth.codec_runner, "completed", totals, "codec completed (incl. waits)")
+    timed_method(scheduler_module._Snapshot, "wait", totals, "frame-count wait")
+    params = SamplingParams(max_new_tokens=args.frames)
+    results = []
+    for level in [int(x) for x in args.levels.split(",")]:
+        totals.clear()
+        started = time.perf_counter()
+        with ThreadPoolExecutor(level) as pool:
+            audio = sum(pool.map(lambda i: engine.synthesize(f"Profile request {i}, a sentence or two long.",
+                                                             params=params).stats["audio_s"], range(level)))
+        wall = time.perf_counter() - started
+        row = {"streams": level, "wall_s": wall, "audio_s_per_s": audio / wall,
+               "parts_s": {k: round(v, 4) for k, v in totals.items()}}
+        results.append(row)
+        print(json.dumps(row))
+    engine.close()
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
