@@ -131,7 +131,7 @@ class TTSEngine:
         """Compile and capture the decode step (on the worker thread, which owns every graph), then
         run one short request end to end."""
         started = time.perf_counter()
-        self._worker.call(self._synthesizer.runner.prepare)
+        self._worker.call(self._synthesizer.prepare)
         self.synthesize(WARMUP_TEXT, params=SamplingParams(max_new_tokens=32, seed=0))
         self.is_ready = True
         logger.info("warm-up done in {:.1f} s", time.perf_counter() - started)

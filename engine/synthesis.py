@@ -65,11 +65,22 @@ class Synthesizer:
         self.runner = StepRunner(models.model, cache, policy, exact_vocab=exact_sampling)
         self.prefix_cache = PrefixCache(cache, prefix_cache_bytes)
         self.scheduler = Scheduler(self.runner, self.prefix_cache)
-        self.codec_runner = CodecRunner(models.codec, slots)
+        self.codec_runner = CodecRunner(models.codec, slots, self.capacity)
+        self.policy = policy
 
     @property
     def sample_rate(self) -> int:
         return self.models.codec.config.sample_rate
+
+    def prepare(self) -> float:
+        """On the worker thread, before any request: compile and capture the decode step's graphs
+        and the codec's. Returns the seconds it took."""
+        seconds = self.runner.prepare()
+        if self.policy.cuda_graphs:
+            codec_s = self.codec_runner.prepare()
+            logger.info("captured {} codec graphs in {:.1f} s", len(self.codec_runner.row_buckets) * 2, codec_s)
+            seconds += codec_s
+        return seconds
 
     def encode_reference(self, samples: np.ndarray) -> torch.Tensor:
         """Runs on the worker thread (via the cache): 44.1 kHz samples -> (num_codebooks, T) codes.

@@ -90,7 +90,7 @@ def startup_phase(settings: dict, cache_dir: str) -> dict:
     imported = time.perf_counter()
     engine = TTSEngine.from_config(engine_config(settings, cache_dir))
     loaded = time.perf_counter()
-    prepare_s = engine._worker.call(engine._synthesizer.runner.prepare)
+    prepare_s = engine._worker.call(engine._synthesizer.prepare)
     prepared = time.perf_counter()
     next(iter(engine.synthesize_stream("Hello there.", params=SamplingParams(max_new_tokens=16, seed=0))))
     first_audio = time.perf_counter()
@@ -267,22 +267,23 @@ class _Sink:
 
 
 def _time_codec(engine, codes) -> float:
-    """Streaming decode in the scheduler's block sizes, as a request runs it."""
+    """Streaming decode in the scheduler's block sizes (graphed where the engine graphs them), as a
+    request runs it."""
     import torch
 
     from engine.runtime.scheduler import BLOCK, FIRST_BLOCK
 
     device = engine.models.placement.device
-    decoder = engine._synthesizer.codec_runner.decoder
+    runner = engine._synthesizer.codec_runner
     codes = codes.to(device)
     sync(device)
     t0 = time.perf_counter()
-    decoder.reset([0])
+    runner.decoder.reset([0])
     with torch.inference_mode():
         start = 0
         for size in [FIRST_BLOCK] + [BLOCK] * (codes.shape[-1] // BLOCK + 1):
             if start < codes.shape[-1]:
-                decoder.decode(codes[..., start:start + size], rows=[0])
+                runner._decode(codes[..., start:start + size], [0])
             start += size
     sync(device)
     return time.perf_counter() - t0

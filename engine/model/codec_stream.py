@@ -87,6 +87,9 @@ class _Streamer:
     def reset(self, rows: Rows | None) -> None:
         pass
 
+    def children(self) -> list["_Streamer"]:
+        return []
+
 
 def _read(state: Tensor, rows: Rows | None) -> Tensor:
     return state if rows is None else state[rows.index]
@@ -127,6 +130,9 @@ class _Sequence(_Streamer):
         for p in self.parts:
             p.reset(rows)
 
+    def children(self) -> list[_Streamer]:
+        return self.parts
+
 
 class _Residual(_Streamer):
     """ResidualUnit: x + block(x)."""
@@ -139,6 +145,9 @@ class _Residual(_Streamer):
 
     def reset(self, rows: Rows | None) -> None:
         self.block.reset(rows)
+
+    def children(self) -> list[_Streamer]:
+        return [self.block]
 
 
 def _state(batch: int, channels: int, length: int, like: nn.Module) -> Tensor:
@@ -222,6 +231,9 @@ class _ConvNeXt(_Streamer):
 
     def reset(self, rows: Rows | None) -> None:
         self.dwconv.reset(rows)
+
+    def children(self) -> list[_Streamer]:
+        return [self.dwconv]
 
 
 class _Transformer(_Streamer):
@@ -365,10 +377,15 @@ class StreamingDecoder:
         expected = self.batch if rows is None else len(rows)
         if codes.dim() != 3 or codes.shape[1] != cfg.num_codebooks or codes.shape[0] != expected:
             raise ValueError(f"codes must be ({expected}, {cfg.num_codebooks}, n), got {tuple(codes.shape)}")
-        selected = None if rows is None else self._rows(rows, codes.device)
+        return self.decode_rows(codes, None if rows is None else self._rows(rows, codes.device))
+
+    @torch.no_grad()
+    def decode_rows(self, codes: Tensor, selected: Rows | None) -> Tensor:
+        """decode() with the rows already on the device, unchecked: capturable in a CUDA graph (with
+        the tables reserved beforehand, see reserve())."""
         n = codes.shape[-1]
         if n == 0:
-            return torch.zeros(expected, 1, 0, device=codes.device)
+            return torch.zeros(codes.shape[0], 1, 0, device=codes.device)
         q = self.codec.quantizer
         codes = codes.long()
         # As Quantizer.decode: clamp, then sum the codebooks' out_proj vectors (per frame, stateless).
@@ -383,6 +400,16 @@ class StreamingDecoder:
         selected = None if rows is None else self._rows(rows, self._post.device)
         for s in (self._post, self._up, self._dec):
             s.reset(selected)
+
+    def reserve(self, frames: int) -> None:
+        """Build the RoPE tables for streams of up to `frames` frames now, so that no decode call
+        grows them (a captured graph replays without the host-side code that would)."""
+        pending = [self._post, self._up, self._dec]
+        while pending:
+            streamer = pending.pop()
+            if isinstance(streamer, _Transformer):
+                streamer._ensure_table(frames)
+            pending.extend(streamer.children())
 
     def _rows(self, rows: Sequence[int], device) -> Rows:
         if len(set(rows)) != len(rows) or any(not 0 <= r < self.batch for r in rows):

@@ -8,11 +8,17 @@ frames reset its row, starting a new utterance there.
 On CUDA the codec runs on its own CUDA stream, so its convolutions overlap the next decode steps
 instead of stalling them, and its audio is copied to pinned host memory; `completed()` hands out
 the audio whose copy has landed, oldest first, without waiting. Elsewhere it runs at once.
+
+With CUDA graphs, the usual chunk lengths (FIRST_BLOCK and BLOCK frames) replay a graph captured
+per (row bucket, length) instead of launching the decoder's ~1,500 kernels from Python, which
+would keep the host (and so the decode steps) waiting. A graph decodes a bucket of rows: the
+rows a call does not use point at one spare stream, whose state nobody reads.
 """
 
 from __future__ import annotations
 
 import contextlib
+import time
 from collections import defaultdict, deque
 from dataclasses import dataclass
 from typing import Any
@@ -21,8 +27,9 @@ import numpy as np
 import torch
 
 from ..model.codec import ModdedDAC
-from ..model.codec_stream import StreamingDecoder
-from .scheduler import Harvest
+from ..model.codec_stream import Rows, StreamingDecoder
+from .scheduler import BLOCK, FIRST_BLOCK, Harvest
+from .step_runner import bucket_for, buckets_up_to
 
 
 @dataclass
@@ -40,12 +47,63 @@ class _Pending:
     ready: Any  # CUDA event after the copies, or None
 
 
+@dataclass
+class _Graph:
+    graph: torch.cuda.CUDAGraph
+    codes: torch.Tensor  # (bucket, num_codebooks, n) input
+    index: torch.Tensor  # (bucket,) rows
+    audio: torch.Tensor  # (bucket, n * frame_length) output
+
+
 class CodecRunner:
-    def __init__(self, codec: ModdedDAC, rows: int):
-        self.decoder = StreamingDecoder(codec, batch=rows)
+    def __init__(self, codec: ModdedDAC, rows: int, max_frames: int):
+        self.rows = rows
+        self.decoder = StreamingDecoder(codec, batch=rows + 1)  # row `rows` is the spare one
+        self.decoder.reserve(max_frames + BLOCK)
+        self.num_codebooks = codec.config.num_codebooks
         device = next(codec.parameters()).device
+        self.device = device
         self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         self._pending: deque[_Pending] = deque()
+        self._graphs: dict[tuple[int, int], _Graph] = {}
+        self.row_buckets = buckets_up_to(rows, 1)
+
+    def prepare(self) -> float:
+        """Capture a graph per (row bucket, chunk length); CUDA only. Returns the seconds it took."""
+        started = time.perf_counter()
+        pool = None
+        with torch.inference_mode():
+            for bucket in self.row_buckets:
+                for n in (FIRST_BLOCK, BLOCK):
+                    codes = torch.zeros(bucket, self.num_codebooks, n, dtype=torch.long, device=self.device)
+                    index = torch.full((bucket,), self.rows, dtype=torch.long, device=self.device)
+                    rows = Rows(index, np.full(bucket, self.rows))
+                    self.stream.wait_stream(torch.cuda.current_stream())
+                    with torch.cuda.stream(self.stream):
+                        for _ in range(2):
+                            self.decoder.decode_rows(codes, rows)
+                    torch.cuda.current_stream().wait_stream(self.stream)
+                    graph = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(graph, pool=pool):
+                        audio = self.decoder.decode_rows(codes, rows)[:, 0]
+                    pool = graph.pool()
+                    self._graphs[(bucket, n)] = _Graph(graph, codes, index, audio)
+        self.decoder.reset()
+        torch.cuda.synchronize()
+        return time.perf_counter() - started
+
+    def _decode(self, codes: torch.Tensor, rows: list[int]) -> torch.Tensor:
+        """(b, n * frame_length) audio for codes (b, num_codebooks, n) on the current stream."""
+        entry = self._graphs.get((bucket_for(len(rows), self.row_buckets), codes.shape[-1]))
+        if entry is None:
+            return self.decoder.decode(codes, rows=rows)[:, 0]
+        b = len(rows)
+        entry.codes[:b].copy_(codes)
+        index = torch.full((entry.index.shape[0],), self.rows, dtype=torch.long, pin_memory=True)
+        index[:b] = torch.tensor(rows)
+        entry.index.copy_(index, non_blocking=True)
+        entry.graph.replay()
+        return entry.audio[:b]
 
     @property
     def pending(self) -> bool:
@@ -68,7 +126,7 @@ class CodecRunner:
             if starting:
                 self.decoder.reset(starting)
             for indices, codes in groups:
-                audio = self.decoder.decode(codes, rows=[harvests[i].slot for i in indices])[:, 0]
+                audio = self._decode(codes, [harvests[i].slot for i in indices])
                 if self.stream is not None:
                     codes.record_stream(self.stream)  # made on the main stream, read here
                     host = torch.empty(audio.shape, dtype=audio.dtype, pin_memory=True)
