@@ -63,7 +63,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     model.add_argument(
         "--quantize", choices=QUANTIZE_MODES,
-        help="weight-only quantization of the transformer [S1_MINI_QUANTIZE; default none]",
+        help="quantize the transformer blocks with torchao: int8 (any device), int4 (NVIDIA compute capability "
+        "8.0+), fp8 (8.9+); a checkpoint from scripts/quantize.py needs its own mode [S1_MINI_QUANTIZE; default none]",
     )
     model.add_argument(
         "--max-batch-size", type=int, help="sequences decoded at once by continuous batching (KV slots); 0 = auto: 64 "

@@ -13,11 +13,11 @@ from loguru import logger
 from .checkpoints import DEMO_DIR, resolve_checkpoint
 from .config import EngineConfig
 from .device import Placement, choose_placement
-from .errors import InputError
 from .model.codec import ModdedDAC, load_codec, random_codec
 from .model.codec_config import CodecConfig
 from .model.dual_ar import DualARConfig, DualARTransformer, TokenLayout
 from .model.loading import load_dual_ar, random_dual_ar
+from .quantization import check_supported, load_quantized, quantize_codec, quantize_models, saved_quantization
 from .text.tokenizer import S1Tokenizer
 
 FULL_SIZE_CONFIG = Path(__file__).resolve().parent.parent / "assets" / "s1-mini-config.json"
@@ -42,28 +42,43 @@ def token_layout(tokenizer: S1Tokenizer, codec_config: CodecConfig) -> TokenLayo
 
 
 def load_models(config: EngineConfig) -> LoadedModels:
-    if config.quantize != "none":
-        raise InputError(f"--quantize {config.quantize} is not available in this version yet: the weights run in "
-                         "bf16, fp16 or fp32 (--precision). Start with --quantize none")
     placement = choose_placement(config.device, config.precision)
+    check_supported(config.quantize, placement)  # before minutes of loading
     if config.demo:
-        return _random_models(placement, DEMO_DIR / "config.json", CodecConfig.from_json(DEMO_DIR / "codec_config.json"),
-                              DEMO_WEIGHT_STD, DEMO_END_BOOST, "DEMO: tiny random-weight model (produces noise, not speech)")
-    if config.random_weights:
-        return _random_models(placement, FULL_SIZE_CONFIG, CodecConfig.s1_mini(), None, 1.0,
-                              "full-size S1-mini architecture with RANDOM weights (for benchmarks; produces noise)")
+        models = _random_models(placement, DEMO_DIR / "config.json", CodecConfig.from_json(DEMO_DIR / "codec_config.json"),
+                                DEMO_WEIGHT_STD, DEMO_END_BOOST, "DEMO: tiny random-weight model (produces noise, not speech)",
+                                config.quantize)
+    elif config.random_weights:
+        models = _random_models(placement, FULL_SIZE_CONFIG, CodecConfig.s1_mini(), None, 1.0,
+                                "full-size S1-mini architecture with RANDOM weights (for benchmarks; produces noise)",
+                                config.quantize)
+    else:
+        models = _checkpoint_models(resolve_checkpoint(config.checkpoint), placement, config.quantize)
+    if config.quantize != "none":
+        # The codec's encoder is quantized too, so its reference codes must not mix with the exact codec's.
+        models.fingerprint += f":{config.quantize}"
+        models.description += f", {config.quantize} weights"
+        logger.info("quantized: transformer blocks {}, codec transformers int8", config.quantize)
+    return models
 
-    directory = resolve_checkpoint(config.checkpoint)
+
+def _checkpoint_models(directory: Path, placement: Placement, quantize: str) -> LoadedModels:
     tokenizer = S1Tokenizer.from_dir(directory)
     codec = _place_codec(load_codec(directory / "codec.pth", device=placement.device), placement)
-    model = load_dual_ar(directory, token_layout(tokenizer, codec.config), placement.device, placement.dtype).fuse_()
+    layout = token_layout(tokenizer, codec.config)
+    if saved_quantization(directory) is not None:
+        model = load_quantized(directory, layout, quantize, placement)
+        quantize_codec(codec, quantize)
+    else:
+        model = load_dual_ar(directory, layout, placement.device, placement.dtype).fuse_()
+        quantize_models(model, codec, quantize, placement)
     logger.info("loaded checkpoint from {}", directory)
     return LoadedModels(tokenizer, model, codec, placement, f"OpenAudio S1-mini from {directory}",
                         _file_fingerprint(directory / "codec.pth"), random_weights=False)
 
 
 def _random_models(placement: Placement, llm_config_path: Path, codec_config: CodecConfig, std: float | None,
-                   end_boost: float, description: str) -> LoadedModels:
+                   end_boost: float, description: str, quantize: str) -> LoadedModels:
     tokenizer = S1Tokenizer.from_dir(DEMO_DIR)
     llm_config = DualARConfig.from_json(llm_config_path)
     if std is not None:
@@ -76,6 +91,7 @@ def _random_models(placement: Placement, llm_config_path: Path, codec_config: Co
                  time.perf_counter() - codec_done)
     if end_boost != 1.0:
         model.output.weight[tokenizer.im_end_id] *= end_boost
+    quantize_models(model, codec, quantize, placement)
     logger.warning("{}", description)
     fingerprint = "random:" + hashlib.sha256(repr((llm_config, codec_config)).encode()).hexdigest()[:16]
     return LoadedModels(tokenizer, model, codec, placement, description, fingerprint, random_weights=True)

@@ -13,7 +13,7 @@ import torch
 
 from audio_samples import SpeechClips
 from engine.config import EngineConfig
-from engine.errors import CheckpointError, InputError, VoiceNotFoundError
+from engine.errors import CheckpointError, DeviceError, InputError, VoiceNotFoundError
 from engine.facade import ReferenceInput, TTSEngine
 from engine.params import SamplingParams
 
@@ -291,6 +291,13 @@ def test_repo_id_without_network_explains_how_to_get_weights(monkeypatch, tmp_pa
     assert "fishaudio/openaudio-s1-mini" in message and "HF_TOKEN" in message and "--demo" in message
 
 
-def test_quantize_modes_not_built_yet_are_refused_clearly():
-    with pytest.raises(InputError, match="--quantize int8 is not available"):
-        TTSEngine.from_config(EngineConfig(demo=True, quantize="int8"))
+def test_int8_engine_speaks_and_gpu_only_quantization_is_refused_on_cpu(tmp_path):
+    eng = TTSEngine.from_config(EngineConfig(demo=True, quantize="int8", device="cpu", cache_dir=str(tmp_path / "cache"),
+                                             voices_dir=str(tmp_path / "voices")))
+    try:
+        result = eng.synthesize("Quantized weights.", params=FAST)
+        assert 0 < result.stats["frames"] and len(result.audio) == result.stats["frames"] * 2048
+    finally:
+        eng.close()
+    with pytest.raises(DeviceError, match="--quantize int4 is unavailable on cpu"):
+        TTSEngine.from_config(EngineConfig(demo=True, quantize="int4", device="cpu"))

@@ -205,10 +205,19 @@ class FeedForward(nn.Module):
         self.w2 = nn.Linear(hidden, dim, bias=False)
         self.register_buffer("w13", None, persistent=False)
 
-    def fuse_gate_up(self) -> None:
+    def fuse_gate_up(self, as_linear: bool = False) -> None:
         """One (2*hidden, dim) matrix for w1 and w3 (one matmul instead of two); w1 and w3 become
-        views of it, so the state dict and memory stay as they are."""
-        w13 = torch.cat([self.w1.weight, self.w3.weight])
+        views of it, so the state dict and memory stay as they are.
+
+        as_linear: the matrix becomes a Linear `w13` that replaces w1 and w3 (the state dict then
+        holds w13): the layout quantization needs, as torchao converts the weights of Linear modules.
+        """
+        w13 = self.w13 if self.w13 is not None else torch.cat([self.w1.weight, self.w3.weight])
+        if as_linear:
+            del self.w1, self.w3, self.w13
+            self.w13 = nn.Linear(w13.shape[1], w13.shape[0], bias=False, device="meta")
+            self.w13.weight = nn.Parameter(w13, requires_grad=False)
+            return
         hidden = self.w1.weight.shape[0]
         self.w1.weight = nn.Parameter(w13[:hidden], requires_grad=False)
         self.w3.weight = nn.Parameter(w13[hidden:], requires_grad=False)
@@ -217,7 +226,8 @@ class FeedForward(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         if self.w13 is None:
             return self.w2(F.silu(self.w1(x)) * self.w3(x))
-        gate, up = F.linear(x, self.w13).chunk(2, dim=-1)
+        gate_up = self.w13(x) if isinstance(self.w13, nn.Linear) else F.linear(x, self.w13)
+        gate, up = gate_up.chunk(2, dim=-1)
         return self.w2(F.silu(gate) * up)
 
 
@@ -277,10 +287,11 @@ class DualARTransformer(nn.Module):
 
         self.reset_buffers()
 
-    def fuse_(self) -> "DualARTransformer":
-        """Inference-time weight layout (after loading): fused gate/up projections."""
+    def fuse_(self, as_linear: bool = False) -> "DualARTransformer":
+        """Inference-time weight layout (after loading): fused gate/up projections (as_linear: see
+        FeedForward.fuse_gate_up)."""
         for layer in [*self.layers, *self.fast_layers]:
-            layer.feed_forward.fuse_gate_up()
+            layer.feed_forward.fuse_gate_up(as_linear)
         return self
 
     def reset_buffers(self, device: torch.device | str | None = None) -> None:
