@@ -115,9 +115,7 @@ def test_stream_yields_the_same_audio_as_synthesize(engine):
     chunks = list(engine.synthesize_stream(text, params=params))
     whole = engine.synthesize(text, params=params)
     assert len(chunks) > 1
-    # The same frames; the audio to float rounding only, because the codec's chunk boundaries follow
-    # the scheduler's clock (the streaming decode equals a whole decode up to rounding, tested).
-    np.testing.assert_allclose(np.concatenate(chunks), whole.audio, rtol=0, atol=1e-4)
+    assert np.array_equal(np.concatenate(chunks), whole.audio)
 
 
 def run_synthesizer(engine, text, params):

@@ -51,7 +51,8 @@ def test_concurrent_requests_get_their_own_audio(engine):
         together = list(pool.map(lambda i: engine.synthesize(texts[i], params=params[i]).audio, range(8)))
     for a, b in zip(alone, together):
         assert a.shape == b.shape
-        np.testing.assert_allclose(a, b, rtol=0, atol=1e-4)  # same frames; codec chunking may differ in rounding
+        # Same frames, same codec chunks; batched convolutions may round differently on a GPU.
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-4)
 
 
 def test_no_slot_or_memory_leak_after_1000_requests_with_cancellations(engine):
@@ -67,7 +68,7 @@ def test_no_slot_or_memory_leak_after_1000_requests_with_cancellations(engine):
         stream = engine.synthesize_stream(f"Request {i} speaks.", references=refs,
                                           params=SamplingParams(max_new_tokens=frames, seed=i))
         if draw < 0.3:  # the client goes away after its first audio
-            next(stream)
+            next(stream, None)  # (the demo model may end at once, without audio)
             stream.close()
             return "cancelled"
         list(stream)  # the demo model may end at once: a complete request can be silent

@@ -9,8 +9,8 @@ On CUDA the codec runs on its own CUDA stream, so its convolutions overlap the n
 instead of stalling them, and its audio is copied to pinned host memory; `completed()` hands out
 the audio whose copy has landed, oldest first, without waiting. Elsewhere it runs at once.
 
-With CUDA graphs, the usual chunk lengths (FIRST_BLOCK and BLOCK frames) replay a graph captured
-per (row bucket, length) instead of launching the decoder's ~1,500 kernels from Python, which
+With CUDA graphs, the chunk lengths (FIRST_BLOCK and BLOCK frames, and a stream's shorter last
+chunk padded to one of them) replay a graph captured per (row bucket, length) instead of launching the decoder's ~1,500 kernels from Python, which
 would keep the host (and so the decode steps) waiting. A graph decodes a bucket of rows: the
 rows a call does not use point at one spare stream, whose state nobody reads.
 """
@@ -92,18 +92,25 @@ class CodecRunner:
         torch.cuda.synchronize()
         return time.perf_counter() - started
 
-    def _decode(self, codes: torch.Tensor, rows: list[int]) -> torch.Tensor:
-        """(b, n * frame_length) audio for codes (b, num_codebooks, n) on the current stream."""
-        entry = self._graphs.get((bucket_for(len(rows), self.row_buckets), codes.shape[-1]))
+    def _decode(self, codes: torch.Tensor, rows: list[int], last: bool = False) -> torch.Tensor:
+        """(b, n * frame_length) audio for codes (b, num_codebooks, n) on the current stream.
+
+        last: the streams end with these frames. A short last chunk is padded to a graphed length:
+        the codec is causal, so the padding changes only audio after the real frames, which is cut,
+        and state that the next stream in the row resets."""
+        n, bucket = codes.shape[-1], bucket_for(len(rows), self.row_buckets)
+        padded = next((m for m in (FIRST_BLOCK, BLOCK) if m >= n), n) if last and self._graphs else n
+        entry = self._graphs.get((bucket, padded))
         if entry is None:
             return self.decoder.decode(codes, rows=rows)[:, 0]
         b = len(rows)
-        entry.codes[:b].copy_(codes)
+        entry.codes[:b, :, n:] = 0
+        entry.codes[:b, :, :n].copy_(codes)
         index = torch.full((entry.index.shape[0],), self.rows, dtype=torch.long, pin_memory=True)
         index[:b] = torch.tensor(rows)
         entry.index.copy_(index, non_blocking=True)
         entry.graph.replay()
-        return entry.audio[:b]
+        return entry.audio[:b, : n * (entry.audio.shape[1] // padded)]
 
     @property
     def pending(self) -> bool:
@@ -126,7 +133,8 @@ class CodecRunner:
             if starting:
                 self.decoder.reset(starting)
             for indices, codes in groups:
-                audio = self._decode(codes, [harvests[i].slot for i in indices])
+                last = all(harvests[i].final for i in indices)
+                audio = self._decode(codes, [harvests[i].slot for i in indices], last)
                 if self.stream is not None:
                     codes.record_stream(self.stream)  # made on the main stream, read here
                     host = torch.empty(audio.shape, dtype=audio.dtype, pin_memory=True)

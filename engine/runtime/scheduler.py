@@ -8,9 +8,9 @@ One `iteration()` (on the GPU worker thread):
   3. runs one batched decode step for every slot up to the highest one in use (a CUDA-graph
      replay for the batch and kv-length buckets; idle rows inside the bucket stand still);
   4. every so often reads back how many frames each slot has before `<|im_end|>`, and hands out
-     the new frames of the sequences that are due (a new sequence after FIRST_BLOCK frames, for an
-     early first audio; then all of them together every BLOCK steps, so that their audio decodes in
-     one batched codec call), retiring those that finished.
+     the new frames of the sequences that are due (a sequence after FIRST_BLOCK frames, for an
+     early first audio, then every BLOCK frames; sequences admitted together stay together, so
+     their audio decodes in one batched codec call), retiring those that finished.
 
 The read-back lags one step: after a step that makes sequences due, a copy of the counts is queued
 behind it, and the next iteration reads it only after launching its own step. The GPU so always
@@ -105,7 +105,6 @@ class Scheduler:
         self.n_slots = runner.cache.n_slots
         self._waiting: deque[tuple[SequenceSpec, Any]] = deque()
         self._running: dict[int, _Running] = {}  # by slot
-        self._clock = 0  # decode steps run
         self._snapshot: _Snapshot | None = None
         device = runner.state.length.device
         pinned = device.type == "cuda"
@@ -201,19 +200,16 @@ class Scheduler:
         batch = max(self._running) + 1
         kv_needed = max(s.prompt_len + s.steps for s in self._running.values())
         self.runner.step(batch, kv_needed)
-        self._clock += 1
         for seq in self._running.values():
             seq.steps += 1
         due = {slot: self._due(seq) for slot, seq in self._running.items()}
         if any(due.values()):
             self._snapshot = self._take_snapshot(due)
 
-    def _due(self, seq: _Running) -> bool:
-        if seq.steps >= seq.budget:
-            return True
-        if not seq.harvested:
-            return seq.steps >= FIRST_BLOCK
-        return self._clock % BLOCK == 0
+    @staticmethod
+    def _due(seq: _Running) -> bool:
+        # Fixed block lengths per sequence: the codec replays a graph per length.
+        return seq.steps >= seq.budget or (seq.steps >= FIRST_BLOCK and (seq.steps - FIRST_BLOCK) % BLOCK == 0)
 
     def _take_snapshot(self, due: dict[int, bool]) -> _Snapshot:
         state = self.runner.state
