@@ -32,7 +32,10 @@ def allocated(engine) -> int:
 
 def wait_idle(engine, timeout=30.0):
     deadline = time.monotonic() + timeout
-    while engine._worker.in_flight or engine._synthesizer.scheduler.busy:
+    synth = engine._synthesizer
+    # Cancelled requests are finished at once, but audio already being decoded for them is still
+    # delivered (and dropped): wait for the codec too.
+    while engine._worker.in_flight or synth.scheduler.busy or synth.codec_runner.pending:
         assert time.monotonic() < deadline, f"engine still busy: {engine.stats()}"
         time.sleep(0.01)
 
