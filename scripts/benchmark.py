@@ -350,8 +350,8 @@ def environment() -> dict:
     return {
         "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
         "torch": torch.__version__,
-        # A copy of the tree without .git (a benchmark machine) can name its commit in S1_COMMIT.
-        "commit": commit.stdout.strip() or os.environ.get("S1_COMMIT", "unknown"),
+        # S1_COMMIT names the commit where the tree's .git is absent or stale (a benchmark machine's copy).
+        "commit": os.environ.get("S1_COMMIT") or commit.stdout.strip() or "unknown",
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
         "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
     }

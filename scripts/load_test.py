@@ -1,0 +1,195 @@
+#!/usr/bin/env python
+"""Load-test a running server over HTTP: concurrent streaming /v1/tts requests at several levels.
+
+    python launch.py --random-weights &                  # or a real checkpoint
+    python scripts/load_test.py --url http://127.0.0.1:7860 --levels 1,4,16,64 --json out/load.json --html out/load.html
+
+At each level, that many clients at once each send --requests-per-client streaming requests (raw
+PCM) back to back. Texts are unique; a third of the requests use one of two saved voices (shared:
+their prefix is reused), a third carry their own inline reference clip (distinct voices), and the
+rest use the model's own voice. Per request: time to first audio (first PCM bytes at the client),
+real-time factor (wall time / audio duration), audio seconds, and the error if any (429 answers
+are counted as rejected). Per level: audio-seconds per second overall and percentiles.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchmark import environment, percentiles  # noqa: E402
+
+TEXT = "The quick brown fox jumps over the lazy dog, and then it runs away into the forest."
+SHARED_VOICES = ("loadtest-voice-a", "loadtest-voice-b")
+
+
+def tone_wav(seconds: float, pitch: float, seed: int) -> bytes:
+    """A voiced-like test signal as WAV bytes (stands in for a recording: the server only needs audio)."""
+    import soundfile as sf
+
+    t = np.arange(int(44100 * seconds)) / 44100
+    rng = np.random.default_rng(seed)
+    signal = 0.3 * np.sin(2 * np.pi * (pitch + 30 * np.sin(2 * np.pi * 0.5 * t)) * t) + 0.02 * rng.standard_normal(len(t))
+    buffer = io.BytesIO()
+    sf.write(buffer, signal.astype(np.float32), 44100, format="WAV")
+    return buffer.getvalue()
+
+
+def request_body(n: int, args) -> dict:
+    body = {"text": f"{TEXT} This is request number {n}.", "streaming": True, "format": "pcm",
+            "max_new_tokens": args.max_new_tokens, "seed": n}
+    kind = n % 3
+    if kind == 0:
+        body["reference_id"] = SHARED_VOICES[n % 2]
+    elif kind == 1:
+        import base64
+
+        clip = tone_wav(args.reference_seconds, 110 + (n % 50) * 3, n)
+        body["references"] = [{"audio": base64.b64encode(clip).decode(), "text": "A distinct reference clip."}]
+    return body
+
+
+def one_request(client, n: int, args) -> dict:
+    started, first, received = time.perf_counter(), None, 0
+    try:
+        with client.stream("POST", "/v1/tts", json=request_body(n, args)) as response:
+            if response.status_code != 200:
+                message = response.read().decode(errors="replace")[:200]
+                return {"n": n, "status": response.status_code, "error": message}
+            rate = int(response.headers.get("x-sample-rate", 44100))
+            for piece in response.iter_bytes():
+                if piece and first is None:
+                    first = time.perf_counter()
+                received += len(piece)
+    except Exception as exc:  # a broken connection is a result of the test, not a crash of it
+        return {"n": n, "status": None, "error": repr(exc)}
+    total = time.perf_counter() - started
+    audio_s = received / 2 / rate
+    return {"n": n, "status": 200, "ttfa_ms": (first - started) * 1000 if first else None, "total_s": total,
+            "audio_s": audio_s, "rtf": total / audio_s if audio_s else None}
+
+
+def run_level(client, clients: int, args, offset: int) -> dict:
+    def client_loop(index):
+        return [one_request(client, offset + index * args.requests_per_client + r, args)
+                for r in range(args.requests_per_client)]
+
+    started = time.perf_counter()
+    with ThreadPoolExecutor(clients) as pool:
+        records = [r for batch in pool.map(client_loop, range(clients)) for r in batch]
+    wall = time.perf_counter() - started
+    ok = [r for r in records if r["status"] == 200 and r["audio_s"]]
+    summary = {"streams": clients, "requests": len(records), "ok": len(ok),
+               "rejected": sum(r["status"] == 429 for r in records),
+               "errors": sum(r["status"] != 200 for r in records),
+               "audio_s_per_s": sum(r["audio_s"] for r in ok) / wall, "wall_s": wall}
+    if ok:
+        ttfa, rtf = percentiles([r["ttfa_ms"] for r in ok]), percentiles([r["rtf"] for r in ok])
+        summary.update(ttfa_ms_p50=ttfa["p50"], ttfa_ms_p95=ttfa["p95"], rtf_p50=rtf["p50"],
+                       rtf_max=max(r["rtf"] for r in ok), faster_than_real_time=sum(r["rtf"] < 1 for r in ok))
+    return {**summary, "records": records}
+
+
+def add_shared_voices(client, args) -> None:
+    for i, voice in enumerate(SHARED_VOICES):
+        client.delete("/v1/references/delete", params={"reference_id": voice})  # a rerun starts clean
+        files = {"audio": (f"{voice}.wav", tone_wav(args.reference_seconds, 140 + 60 * i, i), "audio/wav")}
+        response = client.post("/v1/references/add", data={"id": voice, "text": "A shared reference voice."},
+                               files=files)
+        if response.status_code != 200:
+            raise SystemExit(f"could not save voice {voice}: {response.status_code} {response.text[:300]}")
+
+
+def write_html(path: Path, report: dict) -> None:
+    import base64
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    levels = [lv for lv in report["levels"] if lv.get("ok")]
+    streams = [lv["streams"] for lv in levels]
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+    axes[0].plot(streams, [lv["audio_s_per_s"] for lv in levels], marker="o")
+    axes[0].set_title("audio-seconds per second")
+    axes[1].plot(streams, [lv["ttfa_ms_p50"] for lv in levels], marker="o", label="p50")
+    axes[1].plot(streams, [lv["ttfa_ms_p95"] for lv in levels], marker="s", label="p95")
+    axes[1].set_title("time to first audio (ms)")
+    axes[1].legend()
+    axes[2].plot(streams, [lv["rtf_p50"] for lv in levels], marker="o", label="p50")
+    axes[2].plot(streams, [lv["rtf_max"] for lv in levels], marker="s", label="max")
+    axes[2].axhline(1.0, color="gray", ls="--", label="real time")
+    axes[2].set_title("real-time factor per request")
+    axes[2].legend()
+    for ax in axes:
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("concurrent streams")
+    fig.tight_layout()
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=110)
+    image = base64.b64encode(buffer.getvalue()).decode()
+    rows = "".join(
+        f"<tr><td>{lv['streams']}</td><td>{lv['requests']}</td><td>{lv['errors']}</td>"
+        f"<td>{lv['audio_s_per_s']:.1f}</td><td>{lv.get('ttfa_ms_p50', float('nan')):.0f}</td>"
+        f"<td>{lv.get('ttfa_ms_p95', float('nan')):.0f}</td><td>{lv.get('rtf_p50', float('nan')):.3f}</td>"
+        f"<td>{lv.get('rtf_max', float('nan')):.3f}</td></tr>" for lv in report["levels"])
+    env = report["environment"]
+    path.write_text(f"""<!doctype html><html><head><meta charset="utf-8"><title>S1-mini load test</title>
+<style>body{{font-family:sans-serif;margin:2em}}td,th{{padding:4px 10px;border-bottom:1px solid #ddd}}</style></head>
+<body><h1>S1-mini Studio load test</h1><p>{report['url']} · client commit {env['commit']} · {env['date']}<br>
+<code>{env['command']}</code></p>
+<table><tr><th>streams</th><th>requests</th><th>errors</th><th>audio-s/s</th><th>TTFA p50 ms</th><th>TTFA p95 ms</th>
+<th>RTF p50</th><th>RTF max</th></tr>{rows}</table><img src="data:image/png;base64,{image}"></body></html>""")
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--url", default="http://127.0.0.1:7860")
+    p.add_argument("--api-key", help="bearer token, when the server was started with one")
+    p.add_argument("--levels", default="1,4,16,64")
+    p.add_argument("--requests-per-client", type=int, default=2)
+    p.add_argument("--max-new-tokens", type=int, default=215, help="frames per request at most (~10 s)")
+    p.add_argument("--reference-seconds", type=float, default=10.0)
+    p.add_argument("--json", type=Path)
+    p.add_argument("--html", type=Path)
+    args = p.parse_args(argv)
+    import httpx
+
+    levels = [int(x) for x in args.levels.split(",") if x.strip()]
+    headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+    limits = httpx.Limits(max_connections=max(levels) + 4)
+    with httpx.Client(base_url=args.url, headers=headers, timeout=600, limits=limits) as client:
+        ready = client.get("/ready")
+        if ready.status_code != 200:
+            raise SystemExit(f"{args.url} is not ready ({ready.status_code}); start the server first")
+        add_shared_voices(client, args)
+        one_request(client, -1, args)  # warm: encodes a shared voice once, as a running server would have
+        results, offset = [], 0
+        for clients in levels:
+            results.append(run_level(client, clients, args, offset))
+            offset += clients * args.requests_per_client
+            s = results[-1]
+            print(f"{clients:>4} streams: {s['audio_s_per_s']:7.1f} audio-s/s  TTFA p50 {s.get('ttfa_ms_p50', 0):6.0f} ms "
+                  f"p95 {s.get('ttfa_ms_p95', 0):6.0f} ms  RTF p50 {s.get('rtf_p50', 0):.3f} max "
+                  f"{s.get('rtf_max', 0):.3f}  errors {s['errors']} (rejected {s['rejected']})")
+    report = {"environment": environment(), "url": args.url, "levels": results}
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(report, indent=2))
+    if args.html:
+        args.html.parent.mkdir(parents=True, exist_ok=True)
+        write_html(args.html, report)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

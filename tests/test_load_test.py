@@ -1,0 +1,33 @@
+"""scripts/load_test.py against a real demo server: every level completes, the report is written."""
+
+import json
+import sys
+from pathlib import Path
+
+from tests.test_app_support import DemoServer
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+import load_test  # noqa: E402
+
+
+def test_load_test_drives_the_server_and_reports_each_level(tmp_path):
+    out = tmp_path / "load.json"
+    with DemoServer(tmp_path) as server:
+        assert load_test.main(["--url", server.url, "--levels", "1,3", "--requests-per-client", "2",
+                               "--max-new-tokens", "8", "--reference-seconds", "1", "--json", str(out),
+                               "--html", str(tmp_path / "load.html")]) == 0
+    report = json.loads(out.read_text())
+    assert [lv["streams"] for lv in report["levels"]] == [1, 3]
+    for level in report["levels"]:
+        assert level["errors"] == 0 and level["requests"] == 2 * level["streams"]
+        assert all(r["status"] == 200 for r in level["records"])
+        kinds = {("reference_id" in load_test.request_body(r["n"], _Args()), "references" in
+                  load_test.request_body(r["n"], _Args())) for r in level["records"]}
+        if level["streams"] == 3:
+            assert len(kinds) == 3  # shared voices, inline voices and the model's own voice all ran
+    assert "<img" in (tmp_path / "load.html").read_text()
+
+
+class _Args:
+    max_new_tokens = 8
+    reference_seconds = 1.0
