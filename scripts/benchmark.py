@@ -266,6 +266,17 @@ class _Sink:
         raise exc
 
 
+def release_memory() -> None:
+    """Let the next configuration start from an empty GPU (its memory figures are its own)."""
+    import gc
+
+    import torch
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
 def _time_codec(engine, codes) -> float:
     """Streaming decode in the scheduler's block sizes (graphed where the engine graphs them), as a
     request runs it."""
@@ -465,6 +476,7 @@ def main(argv=None) -> int:
         if not args.skip_startup:
             result["startup"] = measure_startup(settings)
         results.append(result)
+        release_memory()
     first = results[0]
     report = {"environment": environment(),
               **{k: first[k] for k in ("single_stream", "codec", "latency_ms", "memory", "concurrency")},
