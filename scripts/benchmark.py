@@ -368,6 +368,16 @@ def environment() -> dict:
     }
 
 
+def write_reports(report: dict, json_path: Path | None, html_path: Path | None, write_html) -> None:
+    """The report as JSON and, through write_html(path, report), as HTML, where paths are given."""
+    if json_path:
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        json_path.write_text(json.dumps(report, indent=2))
+    if html_path:
+        html_path.parent.mkdir(parents=True, exist_ok=True)
+        write_html(html_path, report)
+
+
 def print_table(results: list[dict]) -> None:
     rows = [
         ("frames/s (single stream)", lambda r: r["single_stream"]["frames_per_s"], "{:.0f}"),
@@ -483,12 +493,7 @@ def main(argv=None) -> int:
               "startup": first.get("startup", {}), "device": environment()["device"],
               "torch": environment()["torch"], "commit": environment()["commit"], "configurations": results}
     print_table(results)
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(report, indent=2))
-    if args.html:
-        args.html.parent.mkdir(parents=True, exist_ok=True)
-        write_html(args.html, report)
+    write_reports(report, args.json, args.html, write_html)
     return 0
 
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import io
-import json
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -25,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchmark import environment, percentiles  # noqa: E402
+from benchmark import environment, percentiles, write_reports  # noqa: E402
 
 TEXT = "The quick brown fox jumps over the lazy dog, and then it runs away into the forest."
 SHARED_VOICES = ("loadtest-voice-a", "loadtest-voice-b")
@@ -182,12 +181,7 @@ def main(argv=None) -> int:
                   f"p95 {s.get('ttfa_ms_p95', 0):6.0f} ms  RTF p50 {s.get('rtf_p50', 0):.3f} max "
                   f"{s.get('rtf_max', 0):.3f}  errors {s['errors']} (rejected {s['rejected']})")
     report = {"environment": environment(), "url": args.url, "levels": results}
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(report, indent=2))
-    if args.html:
-        args.html.parent.mkdir(parents=True, exist_ok=True)
-        write_html(args.html, report)
+    write_reports(report, args.json, args.html, write_html)
     return 0
 
 
