@@ -143,6 +143,18 @@ def percentiles(values: list[float]) -> dict:
             "p99": float(np.percentile(arr, 99)), "mean": float(arr.mean()), "n": len(values)}
 
 
+def underrun_seconds(arrivals: list[tuple[float, float]]) -> float:
+    """How long a listener who starts playing at the first audio waits for audio that has not come:
+    arrivals are (arrival time s, audio s) per chunk, in order."""
+    stalled, runs_out = 0.0, arrivals[0][0] if arrivals else 0.0
+    for at, seconds in arrivals:
+        if at > runs_out:
+            stalled += at - runs_out
+            runs_out = at
+        runs_out += seconds
+    return stalled
+
+
 def synthetic_prompt(engine, positions: int):
     """A realistic prompt: interleave + speaker tag + text tokens, padded with reference-like frames."""
     import torch
@@ -282,7 +294,7 @@ def _time_codec(engine, codes) -> float:
     request runs it."""
     import torch
 
-    from engine.runtime.scheduler import BLOCK, FIRST_BLOCK
+    from engine.runtime.scheduler import BLOCK, RAMP
 
     device = engine.models.placement.device
     runner = engine._synthesizer.codec_runner
@@ -292,7 +304,7 @@ def _time_codec(engine, codes) -> float:
     runner.decoder.reset([0])
     with torch.inference_mode():
         start = 0
-        for size in [FIRST_BLOCK] + [BLOCK] * (codes.shape[-1] // BLOCK + 1):
+        for size in [*RAMP] + [BLOCK] * (codes.shape[-1] // BLOCK + 1):
             if start < codes.shape[-1]:
                 runner._decode(codes[..., start:start + size], [0])
             start += size
@@ -314,17 +326,17 @@ def concurrency_level(engine, streams: int, voices, args) -> dict:
         for r in range(args.sweep_requests):
             n = index * args.sweep_requests + r
             refs = [voices[n % 2]] if n % 4 < 2 else []
-            started, first, samples = time.perf_counter(), None, 0
+            started, arrivals = time.perf_counter(), []
             try:
                 for chunk in engine.synthesize_stream(f"{SHORT_TEXT} This is stream {n} at level {streams}.",
                                                       references=refs, params=params):
-                    first = first or time.perf_counter()
-                    samples += len(chunk)
+                    arrivals.append((time.perf_counter(), len(chunk) / engine.sample_rate))
             except Exception as exc:  # counted, not fatal: the sweep reports errors per level
                 records.append({"error": repr(exc)})
                 continue
-            total, audio_s = time.perf_counter() - started, samples / engine.sample_rate
-            records.append({"ttfa_ms": (first - started) * 1000, "rtf": total / audio_s, "audio_s": audio_s})
+            total, audio_s = time.perf_counter() - started, sum(a for _, a in arrivals)
+            records.append({"ttfa_ms": (arrivals[0][0] - started) * 1000, "rtf": total / audio_s, "audio_s": audio_s,
+                            "underrun_s": underrun_seconds(arrivals)})
         return records
 
     started = time.perf_counter()
@@ -338,6 +350,8 @@ def concurrency_level(engine, streams: int, voices, args) -> dict:
             "audio_s_per_s": audio / wall, "frames_per_s": audio * FRAMES_PER_AUDIO_SECOND / wall,
             "ttfa_ms_p50": ttfa["p50"], "ttfa_ms_p95": ttfa["p95"], "rtf_p50": rtf["p50"],
             "rtf_max": max(r["rtf"] for r in ok), "wall_s": wall, "audio_s": audio,
+            "underrun_s_max": max(r["underrun_s"] for r in ok),
+            "streams_with_underrun": sum(r["underrun_s"] > 0.01 for r in ok),
             "error_examples": [r["error"] for r in records if "error" in r][:3]}
 
 
@@ -403,10 +417,11 @@ def print_table(results: list[dict]) -> None:
         print(f"{label:28}" + "".join(f"{c:>22}" for c in cells))
     for r in results:
         if r.get("concurrency"):
-            print(f"\nconcurrency sweep ({r['name']}): streams  audio-s/s  TTFA p50/p95 ms  RTF p50/max  errors")
+            print(f"\nconcurrency sweep ({r['name']}): streams  audio-s/s  TTFA p50/p95 ms  RTF p50/max  underruns  errors")
             for level in r["concurrency"]:
                 print(f"{level['streams']:>38} {level['audio_s_per_s']:>10.1f} {level['ttfa_ms_p50']:>8.0f}/"
-                      f"{level['ttfa_ms_p95']:<6.0f} {level['rtf_p50']:>7.3f}/{level['rtf_max']:<6.3f} {level['errors']:>4}")
+                      f"{level['ttfa_ms_p95']:<6.0f} {level['rtf_p50']:>7.3f}/{level['rtf_max']:<6.3f} "
+                      f"{level['streams_with_underrun']:>9} {level['errors']:>6}")
 
 
 def write_html(path: Path, report: dict) -> None:

@@ -8,8 +8,9 @@ At each level, that many clients at once each send --requests-per-client streami
 PCM) back to back. Texts are unique; a third of the requests use one of two saved voices (shared:
 their prefix is reused), a third carry their own inline reference clip (distinct voices), and the
 rest use the model's own voice. Per request: time to first audio (first PCM bytes at the client),
-real-time factor (wall time / audio duration), audio seconds, and the error if any (429 answers
-are counted as rejected). Per level: audio-seconds per second overall and percentiles.
+real-time factor (wall time / audio duration), audio seconds, underrun (how long a listener who
+starts playing at the first audio would wait for more), and the error if any (429 answers are
+counted as rejected). Per level: audio-seconds per second overall and percentiles.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchmark import environment, percentiles, write_reports  # noqa: E402
+from benchmark import environment, percentiles, underrun_seconds, write_reports  # noqa: E402
 
 TEXT = "The quick brown fox jumps over the lazy dog, and then it runs away into the forest."
 SHARED_VOICES = ("loadtest-voice-a", "loadtest-voice-b")
@@ -57,7 +58,7 @@ def request_body(n: int, args) -> dict:
 
 
 def one_request(client, n: int, args) -> dict:
-    started, first, received = time.perf_counter(), None, 0
+    started, arrivals = time.perf_counter(), []
     try:
         with client.stream("POST", "/v1/tts", json=request_body(n, args)) as response:
             if response.status_code != 200:
@@ -65,15 +66,15 @@ def one_request(client, n: int, args) -> dict:
                 return {"n": n, "status": response.status_code, "error": message}
             rate = int(response.headers.get("x-sample-rate", 44100))
             for piece in response.iter_bytes():
-                if piece and first is None:
-                    first = time.perf_counter()
-                received += len(piece)
+                if piece:
+                    arrivals.append((time.perf_counter(), len(piece) / 2 / rate))
     except Exception as exc:  # a broken connection is a result of the test, not a crash of it
         return {"n": n, "status": None, "error": repr(exc)}
     total = time.perf_counter() - started
-    audio_s = received / 2 / rate
-    return {"n": n, "status": 200, "ttfa_ms": (first - started) * 1000 if first else None, "total_s": total,
-            "audio_s": audio_s, "rtf": total / audio_s if audio_s else None}
+    audio_s = sum(seconds for _, seconds in arrivals)
+    return {"n": n, "status": 200, "ttfa_ms": (arrivals[0][0] - started) * 1000 if arrivals else None,
+            "total_s": total, "audio_s": audio_s, "rtf": total / audio_s if audio_s else None,
+            "underrun_s": underrun_seconds(arrivals)}
 
 
 def run_level(client, clients: int, args, offset: int) -> dict:
@@ -93,7 +94,9 @@ def run_level(client, clients: int, args, offset: int) -> dict:
     if ok:
         ttfa, rtf = percentiles([r["ttfa_ms"] for r in ok]), percentiles([r["rtf"] for r in ok])
         summary.update(ttfa_ms_p50=ttfa["p50"], ttfa_ms_p95=ttfa["p95"], rtf_p50=rtf["p50"],
-                       rtf_max=max(r["rtf"] for r in ok), faster_than_real_time=sum(r["rtf"] < 1 for r in ok))
+                       rtf_max=max(r["rtf"] for r in ok), faster_than_real_time=sum(r["rtf"] < 1 for r in ok),
+                       underrun_s_max=max(r["underrun_s"] for r in ok),
+                       streams_with_underrun=sum(r["underrun_s"] > 0.01 for r in ok))
     return {**summary, "records": records}
 
 
@@ -179,7 +182,8 @@ def main(argv=None) -> int:
             s = results[-1]
             print(f"{clients:>4} streams: {s['audio_s_per_s']:7.1f} audio-s/s  TTFA p50 {s.get('ttfa_ms_p50', 0):6.0f} ms "
                   f"p95 {s.get('ttfa_ms_p95', 0):6.0f} ms  RTF p50 {s.get('rtf_p50', 0):.3f} max "
-                  f"{s.get('rtf_max', 0):.3f}  errors {s['errors']} (rejected {s['rejected']})")
+                  f"{s.get('rtf_max', 0):.3f}  underruns {s.get('streams_with_underrun', 0)}  errors {s['errors']} "
+                  f"(rejected {s['rejected']})")
     report = {"environment": environment(), "url": args.url, "levels": results}
     write_reports(report, args.json, args.html, write_html)
     return 0

@@ -31,3 +31,13 @@ def test_load_test_drives_the_server_and_reports_each_level(tmp_path):
 class _Args:
     max_new_tokens = 8
     reference_seconds = 1.0
+
+
+def test_underrun_counts_the_waits_of_a_listener_playing_in_real_time():
+    from benchmark import underrun_seconds
+
+    assert underrun_seconds([]) == 0.0
+    assert underrun_seconds([(10.0, 1.0), (10.5, 1.0), (11.9, 1.0)]) == 0.0  # always ahead of playback
+    # 1 s of audio at t=10 runs out at 11; the next arrives at 11.5 (0.5 s stall) and plays to 12.5;
+    # the last arrives at 13 (another 0.5 s).
+    assert abs(underrun_seconds([(10.0, 1.0), (11.5, 1.0), (13.0, 1.0)]) - 1.0) < 1e-9

@@ -9,8 +9,8 @@ On CUDA the codec runs on its own CUDA stream, so its convolutions overlap the n
 instead of stalling them, and its audio is copied to pinned host memory; `completed()` hands out
 the audio whose copy has landed, oldest first, without waiting. Elsewhere it runs at once.
 
-With CUDA graphs, the chunk lengths (FIRST_BLOCK and BLOCK frames, and a stream's shorter last
-chunk padded to one of them) replay a graph captured per (row bucket, length) instead of launching the decoder's ~1,500 kernels from Python, which
+With CUDA graphs, the chunk lengths (BLOCK_SIZES, and a stream's shorter last chunk padded to one
+of them) replay a graph captured per (row bucket, length) instead of launching the decoder's ~1,500 kernels from Python, which
 would keep the host (and so the decode steps) waiting. A graph decodes a bucket of rows: the
 rows a call does not use point at one spare stream, whose state nobody reads.
 """
@@ -28,7 +28,7 @@ import torch
 
 from ..model.codec import ModdedDAC
 from ..model.codec_stream import Rows, StreamingDecoder
-from .scheduler import BLOCK, FIRST_BLOCK, Harvest
+from .scheduler import BLOCK, BLOCK_SIZES, Harvest
 from .step_runner import bucket_for, buckets_up_to
 
 
@@ -74,7 +74,7 @@ class CodecRunner:
         pool = None
         with torch.inference_mode():
             for bucket in self.row_buckets:
-                for n in (FIRST_BLOCK, BLOCK):
+                for n in BLOCK_SIZES:
                     codes = torch.zeros(bucket, self.num_codebooks, n, dtype=torch.long, device=self.device)
                     index = torch.full((bucket,), self.rows, dtype=torch.long, device=self.device)
                     rows = Rows(index, np.full(bucket, self.rows))
@@ -99,7 +99,7 @@ class CodecRunner:
         the codec is causal, so the padding changes only audio after the real frames, which is cut,
         and state that the next stream in the row resets."""
         n, bucket = codes.shape[-1], bucket_for(len(rows), self.row_buckets)
-        padded = next((m for m in (FIRST_BLOCK, BLOCK) if m >= n), n) if last and self._graphs else n
+        padded = next((m for m in BLOCK_SIZES if m >= n), n) if last and self._graphs else n
         entry = self._graphs.get((bucket, padded))
         if entry is None:
             return self.decoder.decode(codes, rows=rows)[:, 0]

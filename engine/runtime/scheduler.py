@@ -8,9 +8,9 @@ One `iteration()` (on the GPU worker thread):
   3. runs one batched decode step for every slot up to the highest one in use (a CUDA-graph
      replay for the batch and kv-length buckets; idle rows inside the bucket stand still);
   4. every so often reads back how many frames each slot has before `<|im_end|>`, and hands out
-     the new frames of the sequences that are due (a sequence after FIRST_BLOCK frames, for an
-     early first audio, then every BLOCK frames; sequences admitted together stay together, so
-     their audio decodes in one batched codec call), retiring those that finished.
+     the new frames of the sequences that are due (a sequence after 4 frames, for an early first
+     audio, then 8, then every BLOCK frames; sequences admitted together stay together, so their
+     audio decodes in one batched codec call), retiring those that finished.
 
 The read-back lags one step: after a step that makes sequences due, a copy of the counts is queued
 behind it, and the next iteration reads it only after launching its own step. The GPU so always
@@ -35,8 +35,12 @@ from .generate import frame_budget
 from .prefix_cache import PrefixCache
 from .step_runner import StepRunner
 
-FIRST_BLOCK = 4
+# Frames per hand-out: a short first block for an early first audio, a middle one that arrives
+# before a listener has played the first (at up to ~2x real time), then BLOCK at a time.
+RAMP = (4, 8)
 BLOCK = 16
+BLOCK_SIZES = (*RAMP, BLOCK)  # every non-final hand-out has one of these lengths
+RAMP_END = sum(RAMP)
 # A prefix shorter than this is cheaper to prefill than to look up and copy.
 MIN_PREFIX = 16
 
@@ -208,8 +212,11 @@ class Scheduler:
 
     @staticmethod
     def _due(seq: _Running) -> bool:
-        # Fixed block lengths per sequence: the codec replays a graph per length.
-        return seq.steps >= seq.budget or (seq.steps >= FIRST_BLOCK and (seq.steps - FIRST_BLOCK) % BLOCK == 0)
+        # Fixed block lengths per sequence (BLOCK_SIZES): the codec replays a graph per length.
+        steps = seq.steps
+        if steps >= seq.budget or steps in (RAMP[0], RAMP_END):
+            return True
+        return steps > RAMP_END and (steps - RAMP_END) % BLOCK == 0
 
     def _take_snapshot(self, due: dict[int, bool]) -> _Snapshot:
         state = self.runner.state
