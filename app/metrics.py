@@ -45,6 +45,9 @@ class Metrics:
         self.audio_seconds = Counter(f"{PREFIX}_audio_seconds", "Audio produced, in seconds.", registry=r)
         self.queue_depth = Gauge(f"{PREFIX}_requests_waiting", "Requests waiting for the engine.", registry=r)
         self.running = Gauge(f"{PREFIX}_requests_running", "Requests the engine is generating.", registry=r)
+        self.slots = Gauge(f"{PREFIX}_sequence_slots", "Sequences the engine decodes at once (KV slots).", registry=r)
+        self.prefix_hits = Gauge(f"{PREFIX}_voice_prefix_hits", "Requests whose voice prefix KV was reused.",
+                                 registry=r)
         self.frames_per_s = Gauge(f"{PREFIX}_frames_per_second", "Decode speed of the last request.", registry=r)
         self.memory = Gauge(f"{PREFIX}_memory_bytes", "Accelerator memory in use.", registry=r)
         self.peak_memory = Gauge(f"{PREFIX}_peak_memory_bytes", "Peak accelerator memory.", registry=r)
@@ -67,6 +70,8 @@ class Metrics:
         stats = engine.stats()
         self.queue_depth.set(stats.get("queue_depth") or 0)
         self.running.set(stats.get("running") or 0)
+        self.slots.set(stats.get("slots") or 0)
+        self.prefix_hits.set((stats.get("prefix_cache") or {}).get("hits") or 0)
         self.frames_per_s.set(stats.get("frames_per_s") or 0)
         self.memory.set((stats.get("memory_gb") or 0) * _BYTES_PER_GB)
         self.peak_memory.set((stats.get("peak_memory_gb") or 0) * _BYTES_PER_GB)

@@ -143,7 +143,7 @@ def test_batch_with_nothing_to_say(client):
 
 def test_system_shows_the_engine(client):
     text = client.predict(api_name="/system")
-    for words in ("Device | cpu", "Precision | fp32", "Compile", "Queue depth", "Frames/s"):
+    for words in ("Device | cpu", "Precision | fp32", "Compile", "Queue depth", "of 4 at once", "Frames/s"):
         assert words in text
 
 
