@@ -12,8 +12,8 @@ import torch
 from engine.config import EngineConfig
 from engine.facade import ReferenceInput, TTSEngine
 from engine.params import SamplingParams
-from engine.synthesis import RequestRun
 from engine.runtime.worker import Job
+from engine.synthesis import RequestRun
 
 
 @pytest.fixture(scope="module", params=["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])

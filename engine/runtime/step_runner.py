@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+
 import torch
 from loguru import logger
 from torch import Tensor
