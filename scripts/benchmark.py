@@ -43,7 +43,8 @@ def parse_args(argv=None):
     p.add_argument("--compile", default="auto", choices=["auto", "on", "off"])
     p.add_argument("--compile-mode", default="default", choices=["default", "max-autotune"])
     p.add_argument("--quantize", default="none")
-    p.add_argument("--max-batch-size", type=int, default=64, help="KV slots (concurrent sequences) of the engine")
+    p.add_argument("--max-batch-size", type=int, default=0,
+                   help="KV slots (concurrent sequences) of the engine; 0 = the engine's auto choice (64 on CUDA)")
     p.add_argument("--concurrency", default="1,4,16,64",
                    help="concurrency levels of the in-process sweep (comma-separated; empty to skip)")
     p.add_argument("--sweep-requests", type=int, default=2, help="requests per stream at each concurrency level")
