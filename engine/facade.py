@@ -23,7 +23,12 @@ from .device import memory_gb, slots_that_fit
 from .errors import InputError
 from .loader import LoadedModels, load_models
 from .params import SamplingParams
-from .references import ReferenceCodeCache, VoiceStore, default_cache_dir, default_voices_dir
+from .references import (
+    ReferenceCodeCache,
+    VoiceStore,
+    default_cache_dir,
+    default_voices_dir,
+)
 from .runtime.kv_cache import bytes_per_slot
 from .runtime.worker import GPUWorker
 from .synthesis import AudioChunk, PreparedRequest, Synthesizer
@@ -67,7 +72,7 @@ class TTSEngine:
             bytes_per_slot(c.n_layer, c.n_local_heads, capacity, c.head_dim, models.placement.dtype),
             models.placement.device)
         self._synthesizer = Synthesizer(models, self.reference_cache, self.policy, config.exact_sampling,
-                                       config.max_context, self.slots, PREFIX_CACHE_BYTES)
+                                       capacity, self.slots, PREFIX_CACHE_BYTES)
         self.voices = VoiceStore(default_voices_dir(config.voices_dir), max_seconds=config.max_reference_seconds)
         self._worker = GPUWorker(self.slots + config.max_queue, iterate=self._synthesizer.iterate)
         self._stats_lock = threading.Lock()

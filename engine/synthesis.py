@@ -55,11 +55,12 @@ class AudioChunk:
 
 class Synthesizer:
     def __init__(self, models: LoadedModels, reference_cache: ReferenceCodeCache, policy: CompilePolicy,
-                 exact_sampling: bool, max_context: int, slots: int, prefix_cache_bytes: int):
+                 exact_sampling: bool, capacity: int, slots: int, prefix_cache_bytes: int):
+        """capacity: KV positions per sequence; slots: sequences decoded at once."""
         self.models = models
         self.reference_cache = reference_cache
         c = models.model.config
-        self.capacity = min(c.max_seq_len, max_context or c.max_seq_len)
+        self.capacity = capacity
         cache = KVCache(c.n_layer, slots, c.n_local_heads, self.capacity, c.head_dim,
                         models.placement.dtype, models.placement.device)
         self.runner = StepRunner(models.model, cache, policy, exact_vocab=exact_sampling)
@@ -77,9 +78,7 @@ class Synthesizer:
         and the codec's. Returns the seconds it took."""
         seconds = self.runner.prepare()
         if self.policy.cuda_graphs:
-            codec_s = self.codec_runner.prepare()
-            logger.info("captured {} codec graphs in {:.1f} s", len(self.codec_runner.row_buckets) * 2, codec_s)
-            seconds += codec_s
+            seconds += self.codec_runner.prepare()
         return seconds
 
     def encode_reference(self, samples: np.ndarray) -> torch.Tensor:
@@ -124,8 +123,9 @@ class RequestRun:
     def __init__(self, synth: Synthesizer, request: PreparedRequest, job: Job):
         self.synth, self.request, self.job = synth, request, job
         self.index = 0
-        self.voice: list[tuple[str, torch.Tensor]] = []
         self.fader: SeamFader | None = None
+        self.prefix: torch.Tensor | None = None  # the voice's prompt columns (voice_prefix)
+        self.prefix_key = ""
         self._first_chunk_codes: list[torch.Tensor] = []
 
     @property
@@ -136,8 +136,14 @@ class RequestRun:
         self.job.finish(exc)
 
     def begin(self) -> None:
-        self.voice = [(text, self.synth.reference_cache.get_codes(samples)) for samples, text in self.request.references]
+        self._use_voice([(text, self.synth.reference_cache.get_codes(samples))
+                         for samples, text in self.request.references])
         self._queue_chunk(0)
+
+    def _use_voice(self, voice: list[tuple[str, torch.Tensor]]) -> None:
+        m = self.synth.models
+        self.prefix = voice_prefix(m.tokenizer, voice, m.model.config.num_codebooks)
+        self.prefix_key = hashlib.sha1(self.prefix.numpy().tobytes()).hexdigest()
 
     def harvested(self, codes: torch.Tensor) -> None:
         """The chunk's next frames (num_codebooks, n), as they leave the scheduler."""
@@ -159,15 +165,14 @@ class RequestRun:
 
     def _queue_chunk(self, index: int) -> None:
         if index == 1 and self._first_chunk_codes:
-            self.voice = [(self.request.chunks[0], torch.cat(self._first_chunk_codes, dim=1).cpu())]
+            self._use_voice([(self.request.chunks[0], torch.cat(self._first_chunk_codes, dim=1).cpu())])
         self.index = index
         last = len(self.request.chunks) - 1
         rate = self.synth.sample_rate
         self.fader = SeamFader(int(SEAM_FADE_SECONDS * rate), fade_in=index > 0, fade_out=index < last)
         m = self.synth.models
-        n_codebooks = m.model.config.num_codebooks
-        prefix = voice_prefix(m.tokenizer, self.voice, n_codebooks)
-        prompt = torch.cat([prefix, text_part(m.tokenizer, self.request.chunks[index], n_codebooks)], dim=1)
+        text = text_part(m.tokenizer, self.request.chunks[index], m.model.config.num_codebooks)
+        prompt = torch.cat([self.prefix, text], dim=1)
         limit = self.synth.capacity - MIN_GENERATION_ROOM
         if prompt.shape[1] > limit:
             raise InputError(
@@ -177,8 +182,7 @@ class RequestRun:
         p = self.request.params
         spec = SequenceSpec(prompt.to(m.placement.device), p.temperature, p.top_p, p.repetition_penalty,
                             _chunk_noise_key(self.request.seed, index), p.max_new_tokens,
-                            prefix_key=hashlib.sha1(prefix.numpy().tobytes()).hexdigest(),
-                            prefix_length=prefix.shape[1])
+                            prefix_key=self.prefix_key, prefix_length=self.prefix.shape[1])
         self.synth.scheduler.submit(spec, self, front=index > 0)
 
 

@@ -16,6 +16,7 @@ counted as rejected). Per level: audio-seconds per second overall and percentile
 from __future__ import annotations
 
 import argparse
+import base64
 import io
 import sys
 import time
@@ -50,8 +51,6 @@ def request_body(n: int, args) -> dict:
     if kind == 0:
         body["reference_id"] = SHARED_VOICES[n % 2]
     elif kind == 1:
-        import base64
-
         clip = tone_wav(args.reference_seconds, 110 + (n % 50) * 3, n)
         body["references"] = [{"audio": base64.b64encode(clip).decode(), "text": "A distinct reference clip."}]
     return body
@@ -111,8 +110,6 @@ def add_shared_voices(client, args) -> None:
 
 
 def write_html(path: Path, report: dict) -> None:
-    import base64
-
     import matplotlib
 
     matplotlib.use("Agg")

@@ -10,8 +10,8 @@ instead of stalling them, and its audio is copied to pinned host memory; `comple
 the audio whose copy has landed, oldest first, without waiting. Elsewhere it runs at once.
 
 With CUDA graphs, the chunk lengths (BLOCK_SIZES, and a stream's shorter last chunk padded to one
-of them) replay a graph captured per (row bucket, length) instead of launching the decoder's ~1,500 kernels from Python, which
-would keep the host (and so the decode steps) waiting. A graph decodes a bucket of rows: the
+of them) replay a graph captured per (row bucket, length) instead of launching the decoder's
+~1,500 kernels from Python, which would keep the host (and so the decode steps) waiting. A graph decodes a bucket of rows: the
 rows a call does not use point at one spare stream, whose state nobody reads.
 """
 
@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from loguru import logger
 
 from ..model.codec import ModdedDAC
 from ..model.codec_stream import Rows, StreamingDecoder
@@ -90,7 +91,9 @@ class CodecRunner:
                     self._graphs[(bucket, n)] = _Graph(graph, codes, index, audio)
         self.decoder.reset()
         torch.cuda.synchronize()
-        return time.perf_counter() - started
+        seconds = time.perf_counter() - started
+        logger.info("captured {} codec CUDA graphs in {:.1f} s", len(self._graphs), seconds)
+        return seconds
 
     def _decode(self, codes: torch.Tensor, rows: list[int], last: bool = False) -> torch.Tensor:
         """(b, n * frame_length) audio for codes (b, num_codebooks, n) on the current stream.

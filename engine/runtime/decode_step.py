@@ -3,9 +3,10 @@
 `DecodeState` holds, per KV slot, the column to feed next, its position, the sampling parameters,
 the repetition history, the frames produced so far, how many come before `<|im_end|>`, and
 whether a sequence runs there at all. Rows of idle slots still compute inside a batch bucket
-(padding) but do not advance, so they never write past their slot. `decode_step` reads and updates it in place
-and needs nothing from the host but the batch size and a KV-length bucket, so a compiled step can
-be captured as one CUDA graph per (batch bucket, kv bucket) and replayed frame after frame.
+(padding) but do not advance, so they never write past their slot. `decode_step` reads and
+updates it in place and needs nothing from the host but the batch size and a KV-length bucket, so
+a compiled step can be captured as one CUDA graph per (batch bucket, kv bucket) and replayed frame
+after frame.
 """
 
 from __future__ import annotations
