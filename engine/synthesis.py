@@ -97,6 +97,7 @@ class Synthesizer:
     def iterate(self) -> bool:
         """One scheduler iteration; its harvest goes to the codec, finished audio to its requests.
         True while work remains."""
+        harvests = []
         try:
             harvests = self.scheduler.iteration()
             for h in harvests:
@@ -105,7 +106,8 @@ class Synthesizer:
                 self.codec_runner.submit(harvests)
         except Exception as exc:  # a batched step or decode failed: its sequences fail, the worker lives
             logger.exception("decode step failed; failing the requests in it")
-            for owner in self.codec_runner.discard():
+            # Harvested sequences have left the scheduler (finished ones for good): fail them here.
+            for owner in [*self.codec_runner.discard(), *(h.owner for h in harvests)]:
                 owner.fail(exc)
             self.scheduler.fail_all(exc)
             return self.scheduler.busy

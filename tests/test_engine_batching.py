@@ -2,6 +2,7 @@
 
 import gc
 import random
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -95,4 +96,33 @@ def test_no_slot_or_memory_leak_after_1000_requests_with_cancellations(engine):
     assert allocated(engine) - before <= prefix.bytes + 64 * 2**20
     # And it still serves (the demo model may stop at once for one seed; not for all of them).
     assert any(len(engine.synthesize("Still here.", params=SamplingParams(max_new_tokens=4, seed=s)).audio)
+               for s in range(20))
+
+
+def test_a_failed_codec_call_fails_its_requests_and_the_engine_carries_on(engine, monkeypatch):
+    """The failing call holds the request's last frames (budget 4 = the first hand-out): the request
+    has already left the scheduler, and must still get the error rather than wait forever."""
+    runner = engine._synthesizer.codec_runner
+    real_submit = runner.submit
+
+    def broken(harvests):
+        monkeypatch.setattr(runner, "submit", real_submit)  # only the first call breaks
+        raise RuntimeError("codec broke")
+
+    monkeypatch.setattr(runner, "submit", broken)
+    outcome = []
+
+    def request():
+        try:
+            engine.synthesize("This one meets the broken codec.", params=SamplingParams(max_new_tokens=4, seed=3))
+        except Exception as exc:
+            outcome.append(exc)
+
+    caller = threading.Thread(target=request, daemon=True)  # a daemon: a hang fails the test, not the run
+    caller.start()
+    caller.join(timeout=60)
+    assert not caller.is_alive(), "the request never ended"
+    assert len(outcome) == 1 and isinstance(outcome[0], RuntimeError) and "codec broke" in str(outcome[0])
+    wait_idle(engine)
+    assert any(len(engine.synthesize("After it.", params=SamplingParams(max_new_tokens=4, seed=s)).audio)
                for s in range(20))
