@@ -53,8 +53,16 @@ class CompilePolicy:
     mode: str = "default"  # torch.compile mode: default | max-autotune (graphs are ours, so never theirs)
 
     @property
-    def torch_compile_mode(self) -> str:
-        return "max-autotune-no-cudagraphs" if self.mode == "max-autotune" else "default"
+    def inductor_options(self) -> dict:
+        """Inductor settings of the compiled decode step (torch.compile's `options`; the graphs are ours).
+
+        Coordinate-descent tuning also makes Inductor turn a matmul with one row (batch 1) into its
+        own reduction kernel: the cast of int8 weights and the producer's pointwise work (norm scale,
+        SiLU-gate) fuse into it, and the split-K GEMV's extra kernels go away."""
+        options = {"coordinate_descent_tuning": True}
+        if self.mode == "max-autotune":
+            options["max_autotune"] = True
+        return options
 
     def describe(self) -> str:
         mode = f"torch.compile ({self.mode}) + CUDA graphs" if self.compile and self.cuda_graphs else (

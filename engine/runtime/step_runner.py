@@ -120,11 +120,11 @@ class StepRunner:
         ops = StepOps()
         self.prefill_block = call_block
         if self.policy.compile:
-            mode = self.policy.torch_compile_mode
+            options = self.policy.inductor_options
             torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
 
             def compiled(fn):
-                return _leading_dims_generic(torch.compile(fn, fullgraph=True, mode=mode))
+                return _leading_dims_generic(torch.compile(fn, fullgraph=True, options=options))
 
             ops = StepOps(compiled(_slow_block), compiled(_fast_block), compiled(sample))
             # Prefill lengths vary: a default-mode compile (autotuning every length would take minutes),
