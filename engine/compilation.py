@@ -54,20 +54,41 @@ class CompilePolicy:
 
     @property
     def inductor_options(self) -> dict:
-        """Inductor settings of the compiled decode step (torch.compile's `options`; the graphs are ours).
+        """Inductor settings of the compiled decode step (the CUDA graphs are ours, never Inductor's).
+        max-autotune tunes matmul templates, and coordinate descent every Triton kernel: minutes of
+        tuning at the first start, cached after."""
+        return {"max_autotune": True, "coordinate_descent_tuning": True} if self.mode == "max-autotune" else {}
 
-        Coordinate-descent tuning also makes Inductor turn a matmul with one row (batch 1) into its
-        own reduction kernel: the cast of int8 weights and the producer's pointwise work (norm scale,
-        SiLU-gate) fuse into it, and the split-K GEMV's extra kernels go away."""
-        options = {"coordinate_descent_tuning": True}
-        if self.mode == "max-autotune":
-            options["max_autotune"] = True
-        return options
+    def decode_backend(self):
+        """torch.compile backend of the decode step: Inductor with single-row matmuls decomposed."""
+        options = self.inductor_options
+
+        def backend(graph, example_inputs):
+            from torch._inductor.compile_fx import compile_fx
+            from torch._inductor.decomposition import select_decomp_table
+
+            decompositions = {**select_decomp_table(), torch.ops.aten.mm.default: single_row_matmul}
+            return compile_fx(graph, example_inputs, config_patches=options, decompositions=decompositions)
+
+        return backend
 
     def describe(self) -> str:
         mode = f"torch.compile ({self.mode}) + CUDA graphs" if self.compile and self.cuda_graphs else (
             "eager + CUDA graphs" if self.cuda_graphs else "eager")
         return f"{mode} ({self.reason})"
+
+
+def single_row_matmul(a: torch.Tensor, b: torch.Tensor):
+    """aten.mm of a one-row matrix (every matmul of a batch-1 decode step) as a multiply-and-sum,
+    which Inductor compiles into its own reduction kernel instead of calling a cuBLAS GEMV: the
+    int8 weights' cast, the norm's scale and the SiLU gate fuse into it, and the split-K GEMV's
+    memset and reduce kernels go away. Accumulates in fp32 like cuBLAS. Inductor does the same
+    only under coordinate-descent tuning, whose search adds minutes to the first compile."""
+    from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+    if not statically_known_true(a.shape[0] == 1):
+        return NotImplemented  # batched rows (a dynamic batch size included): the regular matmul
+    return (a.unsqueeze(2).float() * b.unsqueeze(0).float()).sum(dim=1).to(a.dtype)
 
 
 def decide(mode: str, device: torch.device, env: Environment | None = None,

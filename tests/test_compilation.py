@@ -1,12 +1,13 @@
 """The compile policy: every platform gets a decision and a reason, never a crash."""
 
 import os
+import shutil
 
 import pytest
 import torch
 
 from engine import compilation
-from engine.compilation import Environment, decide
+from engine.compilation import Environment, decide, single_row_matmul
 from engine.errors import DeviceError
 from engine.runtime.step_runner import bucket_for, buckets_up_to
 
@@ -45,10 +46,29 @@ def test_cpu_and_mps_run_eager_whatever_is_asked(device, mode):
     assert device in policy.reason
 
 
-def test_max_autotune_mode_maps_to_torch_without_its_cudagraphs():
+def test_max_autotune_mode_turns_on_inductor_tuning_and_default_mode_does_not():
     policy = decide("auto", CUDA, LINUX_TRITON, compile_mode="max-autotune")
     assert policy.inductor_options == {"coordinate_descent_tuning": True, "max_autotune": True}
-    assert decide("auto", CUDA, LINUX_TRITON).inductor_options == {"coordinate_descent_tuning": True}
+    assert decide("auto", CUDA, LINUX_TRITON).inductor_options == {}
+
+
+@pytest.mark.parametrize("weight_dtype", [torch.float32, torch.bfloat16])
+def test_single_row_matmul_equals_mm_and_leaves_batched_rows_alone(weight_dtype):
+    gen = torch.Generator().manual_seed(0)
+    a = torch.randn(1, 64, generator=gen).to(weight_dtype)
+    b = torch.randn(64, 48, generator=gen).to(weight_dtype)
+    torch.testing.assert_close(single_row_matmul(a, b), a @ b)
+    assert single_row_matmul(a, b).dtype == weight_dtype
+    assert single_row_matmul(torch.cat([a, a]), b) is NotImplemented
+
+
+@pytest.mark.skipif(not (shutil.which("g++") or shutil.which("c++")), reason="Inductor on CPU needs a C++ compiler")
+def test_the_decode_backend_compiles_a_single_row_linear_like_eager():
+    policy = decide("auto", CUDA, LINUX_TRITON)
+    linear = torch.nn.Linear(32, 16, bias=False)
+    x = torch.randn(1, 1, 32)
+    compiled = torch.compile(linear, fullgraph=True, backend=policy.decode_backend())
+    torch.testing.assert_close(compiled(x), linear(x))
 
 
 def test_caches_go_under_the_cache_dir_unless_set(tmp_path, monkeypatch):

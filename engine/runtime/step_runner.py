@@ -120,11 +120,11 @@ class StepRunner:
         ops = StepOps()
         self.prefill_block = call_block
         if self.policy.compile:
-            options = self.policy.inductor_options
+            backend = self.policy.decode_backend()
             torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
 
             def compiled(fn):
-                return _leading_dims_generic(torch.compile(fn, fullgraph=True, options=options))
+                return _leading_dims_generic(torch.compile(fn, fullgraph=True, backend=backend))
 
             ops = StepOps(compiled(_slow_block), compiled(_fast_block), compiled(sample))
             # Prefill lengths vary: a default-mode compile (autotuning every length would take minutes),
