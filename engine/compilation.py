@@ -51,16 +51,25 @@ class CompilePolicy:
     cuda_graphs: bool
     reason: str
     mode: str = "default"  # torch.compile mode: default | max-autotune (graphs are ours, so never theirs)
+    int8_weights: bool = False  # the transformer runs torchao int8 weights (--quantize int8)
 
     @property
     def inductor_options(self) -> dict:
         """Inductor settings of the compiled decode step (the CUDA graphs are ours, never Inductor's).
         max-autotune tunes matmul templates, and coordinate descent every Triton kernel: minutes of
-        tuning at the first start, cached after."""
-        return {"max_autotune": True, "coordinate_descent_tuning": True} if self.mode == "max-autotune" else {}
+        tuning at the first start, cached after.
 
-    def decode_backend(self):
-        """torch.compile backend of the decode step: Inductor with single-row matmuls decomposed."""
+        With int8 weights Inductor's pattern matcher is off: it rewrites every int8 matmul of more
+        than one row (prefill, batched decode) into aten._weight_int8pack_mm, whose CUDA kernel is
+        ~10x slower than casting the weights and calling cuBLAS (prefill of 280 positions: 278 ms
+        instead of 21 ms on an H100, measured)."""
+        options = {"max_autotune": True, "coordinate_descent_tuning": True} if self.mode == "max-autotune" else {}
+        if self.int8_weights:
+            options["pattern_matcher"] = False
+        return options
+
+    def inductor_backend(self):
+        """torch.compile backend of the compiled regions: Inductor with single-row matmuls decomposed."""
         options = self.inductor_options
 
         def backend(graph, example_inputs):
@@ -92,8 +101,9 @@ def single_row_matmul(a: torch.Tensor, b: torch.Tensor):
 
 
 def decide(mode: str, device: torch.device, env: Environment | None = None,
-           compile_mode: str = "default") -> CompilePolicy:
-    """mode: auto | on | off (flag or S1_MINI_COMPILE); compile_mode: default | max-autotune."""
+           compile_mode: str = "default", quantize: str = "none") -> CompilePolicy:
+    """mode: auto | on | off (flag or S1_MINI_COMPILE); compile_mode: default | max-autotune;
+    quantize: the transformer's --quantize mode."""
     env = env or Environment.detect()
     if device.type != "cuda":
         if mode == "on":
@@ -106,7 +116,7 @@ def decide(mode: str, device: torch.device, env: Environment | None = None,
             raise DeviceError("--compile needs Triton, which is not installed here (on Windows: pip install "
                               "triton-windows matching your torch); use --no-compile to run eager")
         return CompilePolicy(False, True, f"no Triton on {env.os}: eager step in CUDA graphs")
-    return CompilePolicy(True, True, f"CUDA with Triton {env.triton} on {env.os}", compile_mode)
+    return CompilePolicy(True, True, f"CUDA with Triton {env.triton} on {env.os}", compile_mode, quantize == "int8")
 
 
 def configure_caches(cache_root: Path) -> dict[str, str]:

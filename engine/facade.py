@@ -62,7 +62,8 @@ class TTSEngine:
             lambda samples: self._synthesizer.encode_reference(samples),
             cache_dir / "reference-codes", fingerprint=models.fingerprint,
         )
-        self.policy = compilation.decide(config.compile, models.placement.device, compile_mode=config.compile_mode)
+        self.policy = compilation.decide(config.compile, models.placement.device, compile_mode=config.compile_mode,
+                                          quantize=config.quantize)
         if self.policy.compile:
             compilation.configure_caches(cache_dir / "compile")
         c = models.model.config

@@ -47,7 +47,8 @@ def main(argv=None) -> int:
     model = models.model
     c = model.config
     cache = KVCache(c.n_layer, 1, c.n_local_heads, 4096, c.head_dim, models.placement.dtype, "cuda")
-    policy = compilation.decide(args.compile, torch.device("cuda"), compile_mode=args.compile_mode)
+    policy = compilation.decide(args.compile, torch.device("cuda"), compile_mode=args.compile_mode,
+                                  quantize=args.quantize)
     runner = StepRunner(model, cache, policy)
     runner.prepare([1])
     runner.state.start(0, torch.zeros(c.num_codebooks + 1, dtype=torch.long, device="cuda"), 100, 0.8, 0.8, 1.1, 1)

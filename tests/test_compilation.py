@@ -52,6 +52,12 @@ def test_max_autotune_mode_turns_on_inductor_tuning_and_default_mode_does_not():
     assert decide("auto", CUDA, LINUX_TRITON).inductor_options == {}
 
 
+def test_int8_weights_turn_off_the_pattern_that_picks_a_slow_int8_matmul_kernel():
+    assert decide("auto", CUDA, LINUX_TRITON, quantize="int8").inductor_options == {"pattern_matcher": False}
+    for mode in ("none", "int4", "fp8"):
+        assert decide("auto", CUDA, LINUX_TRITON, quantize=mode).inductor_options == {}
+
+
 @pytest.mark.parametrize("weight_dtype", [torch.float32, torch.bfloat16])
 def test_single_row_matmul_equals_mm_and_leaves_batched_rows_alone(weight_dtype):
     gen = torch.Generator().manual_seed(0)
@@ -63,11 +69,11 @@ def test_single_row_matmul_equals_mm_and_leaves_batched_rows_alone(weight_dtype)
 
 
 @pytest.mark.skipif(not (shutil.which("g++") or shutil.which("c++")), reason="Inductor on CPU needs a C++ compiler")
-def test_the_decode_backend_compiles_a_single_row_linear_like_eager():
+def test_the_inductor_backend_compiles_a_single_row_linear_like_eager():
     policy = decide("auto", CUDA, LINUX_TRITON)
     linear = torch.nn.Linear(32, 16, bias=False)
     x = torch.randn(1, 1, 32)
-    compiled = torch.compile(linear, fullgraph=True, backend=policy.decode_backend())
+    compiled = torch.compile(linear, fullgraph=True, backend=policy.inductor_backend())
     torch.testing.assert_close(compiled(x), linear(x))
 
 

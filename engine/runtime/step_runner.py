@@ -120,16 +120,17 @@ class StepRunner:
         ops = StepOps()
         self.prefill_block = call_block
         if self.policy.compile:
-            backend = self.policy.decode_backend()
+            backend = self.policy.inductor_backend()
             torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
 
             def compiled(fn):
                 return _leading_dims_generic(torch.compile(fn, fullgraph=True, backend=backend))
 
             ops = StepOps(compiled(_slow_block), compiled(_fast_block), compiled(sample))
-            # Prefill lengths vary: a default-mode compile (autotuning every length would take minutes),
+            # Prefill lengths vary: no max-autotune (autotuning every length would take minutes),
             # length-generic from its first call (one compile instead of a static one, then another).
-            self.prefill_block = _length_generic(torch.compile(_prefill_block, fullgraph=True))
+            prefill_backend = dataclasses.replace(self.policy, mode="default").inductor_backend()
+            self.prefill_block = _length_generic(torch.compile(_prefill_block, fullgraph=True, backend=prefill_backend))
         self.ops = ops
 
         def step(state: DecodeState, key_positions: Tensor) -> None:
