@@ -294,34 +294,42 @@ def test_missing_torchao_names_the_install_command(monkeypatch):
 @pytest.mark.parametrize("mode", ["int8", "int4", "fp8"])
 def test_quantized_step_compiles_into_cuda_graphs(mode):
     """The engine's decode step (regional torch.compile with fullgraph=True, then CUDA graphs) runs
-    with torchao's tensor subclasses as weights, and compiling moves the logits no further than
-    bf16 rounding does (compared with the eager quantized step)."""
-    from engine.compilation import CompilePolicy
+    with torchao's tensor subclasses as weights, and compiling adds little to the quantization
+    error: compiled and eager quantized logits are about as far from the unquantized model's.
+    (Not compiled == eager: fp8 quantizes activations on the fly, and a compiled amax/scale rounds
+    some of them the other way; measured 12% of the logits' norm apart on the H100, each a valid
+    fp8 result.)"""
+    from engine.compilation import decide
     from engine.runtime.scheduler import Scheduler, SequenceSpec
     from engine.runtime.step_runner import StepRunner
     from scheduling import Collector, run_until_idle
 
     models = load_models(EngineConfig(random_weights=True, device="cuda", precision="bf16", quantize=mode))
     model, c = models.model, models.model.config
+    unquantized = random_dual_ar(c, model.layout, "cuda", torch.bfloat16)  # the same seeded draw
 
     def new_cache():
         return KVCache(c.n_layer, 1, c.n_local_heads, 256, c.head_dim, torch.bfloat16, "cuda")
 
     prompt = random_columns(model.layout, 33).cuda()
-    eager = StepRunner(model, new_cache(), CompilePolicy(False, False, "test: eager"))
-    eager.prefill(0, prompt)
-    columns, positions = prompt[None, :, -1:], torch.tensor([[32]], device="cuda")
+    eager, exact = (StepRunner(m, new_cache(), decide("off", torch.device("cpu"))) for m in (model, unquantized))
+    columns, positions, key_positions = prompt[None, :, -1:], torch.tensor([[32]], device="cuda"), torch.arange(64, device="cuda")
 
-    def slow_logits(columns, positions, key_positions):
-        hidden = model.forward_slow(columns, eager.cache.views(positions, key_positions))
-        return eager.head.logits(hidden).float()
+    def slow_logits(runner, columns, positions, key_positions):
+        hidden = runner.model.forward_slow(columns, runner.cache.views(positions, key_positions))
+        return runner.head.logits(hidden).float()
 
     with torch.inference_mode():
-        plain = slow_logits(columns, positions, torch.arange(64, device="cuda"))
-        compiled = torch.compile(slow_logits, fullgraph=True)(columns, positions, torch.arange(64, device="cuda"))
-    assert (compiled - plain).norm() <= 0.05 * plain.norm()  # test_gpu.py's bound for bf16 rounding
+        for runner in (eager, exact):
+            runner.prefill(0, prompt)
+        reference = slow_logits(exact, columns, positions, key_positions)
+        plain = slow_logits(eager, columns, positions, key_positions)
+        compiled = torch.compile(slow_logits, fullgraph=True)(eager, columns, positions, key_positions)
+    error_plain, error_compiled = (plain - reference).norm(), (compiled - reference).norm()
+    assert error_compiled <= 1.25 * error_plain, f"quantization error eager {error_plain:.3f}, compiled {error_compiled:.3f}"
+    del unquantized, exact
 
-    runner = StepRunner(model, new_cache(), CompilePolicy(True, True, "test: compiled step in CUDA graphs"))
+    runner = StepRunner(model, new_cache(), decide("on", torch.device("cuda"), quantize=mode))
     runner.prepare([1])
     scheduler, owner = Scheduler(runner), Collector()
     scheduler.submit(SequenceSpec(prompt, 0.8, 0.8, 1.1, 3, 24, stop_at_end=False), owner)
