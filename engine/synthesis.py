@@ -64,6 +64,10 @@ class Synthesizer:
         cache = KVCache(c.n_layer, slots, c.n_local_heads, self.capacity, c.head_dim,
                         models.placement.dtype, models.placement.device)
         self.runner = StepRunner(models.model, cache, policy, exact_vocab=exact_sampling)
+        if not exact_sampling:
+            # The runner's head copied the 4,097 rows it samples codebook 0 from; nothing else reads
+            # the other 151,679 rows of the output matrix (310 MB in bf16 at full size): free them.
+            models.model.release_output_()
         self.prefix_cache = PrefixCache(cache, prefix_cache_bytes)
         self.scheduler = Scheduler(self.runner, self.prefix_cache)
         self.codec_runner = CodecRunner(models.codec, slots, self.capacity)

@@ -193,6 +193,22 @@ def test_voice_clone_and_saved_voice(engine, speech):
     assert len(saved.audio) > 0
 
 
+@pytest.mark.parametrize("exact", [False, True])
+def test_only_exact_sampling_keeps_the_vocabulary_wide_output_matrix(exact, tmp_path):
+    engine = TTSEngine.from_config(EngineConfig(demo=True, device="cpu", exact_sampling=exact,
+                                                cache_dir=str(tmp_path / "cache"), voices_dir=str(tmp_path / "voices")))
+    try:
+        model = engine.models.model
+        assert (model.output is not None) == exact
+        if not exact:
+            with pytest.raises(RuntimeError, match="exact_sampling=True"):
+                model.slow_logits(torch.zeros(1, 1, model.config.dim))
+        result = engine.synthesize("Both heads speak.", params=SamplingParams(max_new_tokens=6, seed=0))
+        assert result.audio.dtype == np.float32 and np.isfinite(result.audio).all()
+    finally:
+        engine.close()
+
+
 def test_batch_reports_errors_per_item(engine):
     progress = []
     results = engine.synthesize_batch(["One.", "   ", "Three."], params=FAST,

@@ -329,7 +329,14 @@ class DualARTransformer(nn.Module):
         return x
 
     def slow_logits(self, hidden: Tensor) -> Tensor:
+        if self.output is None:
+            raise RuntimeError("this model's vocabulary-wide output matrix was released (the engine samples codebook 0 "
+                               "from the semantic rows only); load it with exact_sampling=True to read every logit")
         return self.output(self.norm(hidden))
+
+    def release_output_(self) -> None:
+        """Free the vocabulary-wide output matrix, for a runtime that copied the rows it samples from."""
+        self.output = None
 
     # ---- fast transformer -------------------------------------------------------------------
 
