@@ -1,0 +1,37 @@
+"""scripts/benchmark.py end to end on the tiny demo model (CPU): every stable JSON name is filled and
+the HTML report has its plots. A check of the script, not a benchmark: timings are not asserted."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_benchmark_reports_every_stable_name_with_a_side_by_side_configuration(tmp_path):
+    out, html = tmp_path / "bench.json", tmp_path / "bench.html"
+    run = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "benchmark.py"), "--weights", "demo", "--device", "cpu",
+         "--runs", "1", "--requests", "1", "--frames", "8", "--request-frames", "8", "--concurrency", "1,2",
+         "--sweep-requests", "1", "--compare", "max_batch_size=2", "--json", str(out), "--html", str(html)],
+        capture_output=True, text=True, timeout=600, cwd=ROOT,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    report = json.loads(out.read_text())
+    for key in ("device", "torch", "commit"):
+        assert report[key]
+    single = report["single_stream"]
+    assert single["frames_per_s"] > 0 and single["frames"] == 8
+    assert 0 < single["ttfa_ms_p50"] <= single["ttfa_ms_p95"] and single["ttfa_clone_ms_p50"] > 0
+    assert set(report["memory"]) >= {"after_load_gb", "peak_gb"}  # None on a CPU: no device allocator
+    assert report["startup"]["cold_compile_s"] >= 0 and report["startup"]["warm_restart_s"] > 0
+    assert set(report["latency_ms"]) == {"short_text", "voice_clone_10s"}
+    assert [c["name"] for c in report["configurations"]] == ["base", "max_batch_size=2"]
+    for config in report["configurations"]:
+        levels = config["concurrency"]
+        assert [lv["streams"] for lv in levels] == [1, 2]
+        for lv in levels:
+            assert lv["errors"] == 0 and lv["audio_s_per_s"] > 0
+            assert lv["ttfa_ms_p50"] <= lv["ttfa_ms_p95"] and lv["rtf_p50"] <= lv["rtf_max"]
+    assert "<img" in html.read_text()
