@@ -299,7 +299,7 @@ def test_quantized_step_compiles_into_cuda_graphs(mode):
     (Not compiled == eager: fp8 quantizes activations on the fly, and a compiled amax/scale rounds
     some of them the other way; measured 12% of the logits' norm apart on the H100, each a valid
     fp8 result.)"""
-    from engine.compilation import decide
+    from engine.compilation import CompilePolicy, decide
     from engine.runtime.scheduler import Scheduler, SequenceSpec
     from engine.runtime.step_runner import StepRunner
     from scheduling import Collector, run_until_idle
@@ -312,7 +312,7 @@ def test_quantized_step_compiles_into_cuda_graphs(mode):
         return KVCache(c.n_layer, 1, c.n_local_heads, 256, c.head_dim, torch.bfloat16, "cuda")
 
     prompt = random_columns(model.layout, 33).cuda()
-    eager, exact = (StepRunner(m, new_cache(), decide("off", torch.device("cpu"))) for m in (model, unquantized))
+    eager, exact = (StepRunner(m, new_cache(), CompilePolicy(False, False, "test: eager")) for m in (model, unquantized))
     columns, positions, key_positions = prompt[None, :, -1:], torch.tensor([[32]], device="cuda"), torch.arange(64, device="cuda")
 
     def slow_logits(runner, columns, positions, key_positions):
