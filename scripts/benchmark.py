@@ -28,6 +28,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from weight_options import add_weight_options, parse_with_weights  # noqa: E402  (this script's folder)
 
 FRAMES_PER_AUDIO_SECOND = 44100 / 2048
 SHORT_TEXT = "The quick brown fox jumps over the lazy dog, and then it runs away into the forest."
@@ -35,10 +36,7 @@ SHORT_TEXT = "The quick brown fox jumps over the lazy dog, and then it runs away
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--weights", choices=["random", "real", "demo"], default="random",
-                   help="random: full-size random weights (no checkpoint needed); real: --checkpoint; demo: the "
-                        "tiny demo model (a quick check of the script itself, not a benchmark)")
-    p.add_argument("--checkpoint", help="checkpoint dir or repo id for --weights real")
+    add_weight_options(p, demo=True)
     p.add_argument("--device", default="auto")
     p.add_argument("--precision", default="auto")
     p.add_argument("--compile", default="auto", choices=["auto", "on", "off"])
@@ -61,7 +59,7 @@ def parse_args(argv=None):
     p.add_argument("--html", type=Path, help="write an HTML report with plots here")
     p.add_argument("--phase", choices=["startup"], help=argparse.SUPPRESS)
     p.add_argument("--cache-dir", help=argparse.SUPPRESS)
-    return p.parse_args(argv)
+    return parse_with_weights(p, argv)
 
 
 def engine_config(settings: dict, cache_dir: str | None = None):

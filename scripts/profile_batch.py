@@ -19,6 +19,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from weight_options import add_weight_options, parse_with_weights, weight_config  # noqa: E402  (this script's folder)
 
 FRAMES_PER_AUDIO_SECOND = 44100 / 2048
 
@@ -51,15 +52,14 @@ def graphed(fn):
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--weights", choices=["random", "real"], default="random")
-    p.add_argument("--checkpoint")
+    add_weight_options(p)
     p.add_argument("--compile", default="on", choices=["on", "off"])
     p.add_argument("--batches", default="1,8,16,32,64")
     p.add_argument("--kv", type=int, default=1024, help="kv bucket of the timed steps")
     p.add_argument("--chunk", type=int, default=16, help="codec chunk in frames")
     p.add_argument("--cudnn-benchmark", action="store_true", help="let cuDNN time its convolution algorithms")
     p.add_argument("--json", type=Path)
-    args = p.parse_args(argv)
+    args = parse_with_weights(p, argv)
     batches = [int(b) for b in args.batches.split(",")]
 
     import torch
@@ -72,7 +72,7 @@ def main(argv=None) -> int:
     from engine.runtime.kv_cache import KVCache
     from engine.runtime.step_runner import StepRunner
 
-    models = load_models(EngineConfig(random_weights=args.weights == "random", checkpoint=args.checkpoint,
+    models = load_models(EngineConfig(**weight_config(args),
                                       device="cuda"))
     model, c = models.model, models.model.config
     slots = max(batches)

@@ -21,6 +21,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from weight_options import add_weight_options, parse_with_weights, weight_config  # noqa: E402  (this script's folder)
 
 
 def timed_method(obj, name: str, totals: dict, label: str | None = None) -> None:
@@ -38,19 +39,18 @@ def timed_method(obj, name: str, totals: dict, label: str | None = None) -> None
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--weights", choices=["random", "real"], default="random")
-    p.add_argument("--checkpoint")
+    add_weight_options(p)
     p.add_argument("--levels", default="1,16,64")
     p.add_argument("--frames", type=int, default=215)
     p.add_argument("--json", type=Path)
-    args = p.parse_args(argv)
+    args = parse_with_weights(p, argv)
 
     from engine.config import EngineConfig
     from engine.facade import TTSEngine
     from engine.params import SamplingParams
     from engine.runtime import scheduler as scheduler_module
 
-    engine = TTSEngine.from_config(EngineConfig(random_weights=args.weights == "random", checkpoint=args.checkpoint,
+    engine = TTSEngine.from_config(EngineConfig(**weight_config(args),
                                                 max_batch_size=max(int(x) for x in args.levels.split(","))))
     engine.warmup()
     synth = engine._synthesizer

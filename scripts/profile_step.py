@@ -19,19 +19,19 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from weight_options import add_weight_options, parse_with_weights, weight_config  # noqa: E402  (this script's folder)
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--weights", choices=["random", "real"], default="random")
-    p.add_argument("--checkpoint")
+    add_weight_options(p)
     p.add_argument("--compile", default="on", choices=["on", "off"])
     p.add_argument("--compile-mode", default="default", choices=["default", "max-autotune"])
     p.add_argument("--quantize", default="none", choices=["none", "int8", "int4", "fp8"])
     p.add_argument("--frames", type=int, default=20)
     p.add_argument("--kv", type=int, default=512, help="kv bucket to profile")
     p.add_argument("--json", type=Path)
-    args = p.parse_args(argv)
+    args = parse_with_weights(p, argv)
 
     import torch
     from torch.profiler import ProfilerActivity, profile
@@ -42,7 +42,7 @@ def main(argv=None) -> int:
     from engine.runtime.kv_cache import KVCache
     from engine.runtime.step_runner import StepRunner
 
-    models = load_models(EngineConfig(random_weights=args.weights == "random", checkpoint=args.checkpoint,
+    models = load_models(EngineConfig(**weight_config(args),
                                       device="cuda", quantize=args.quantize))
     model = models.model
     c = model.config

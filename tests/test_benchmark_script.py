@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -35,3 +37,15 @@ def test_benchmark_reports_every_stable_name_with_a_side_by_side_configuration(t
             assert lv["errors"] == 0 and lv["audio_s_per_s"] > 0
             assert lv["ttfa_ms_p50"] <= lv["ttfa_ms_p95"] and lv["rtf_p50"] <= lv["rtf_max"]
     assert "<img" in html.read_text()
+
+
+def test_a_checkpoint_means_real_weights_and_never_goes_silently_unused():
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import benchmark  # noqa: E402
+
+    assert benchmark.parse_args([]).weights == "random"
+    args = benchmark.parse_args(["--checkpoint", "checkpoints/openaudio-s1-mini"])
+    assert args.weights == "real" and args.checkpoint == "checkpoints/openaudio-s1-mini"
+    for weights in ("random", "demo"):
+        with pytest.raises(SystemExit):
+            benchmark.parse_args(["--weights", weights, "--checkpoint", "somewhere"])
