@@ -14,6 +14,7 @@ from engine.config import EngineConfig
 from engine.facade import ReferenceInput, TTSEngine
 from engine.params import SamplingParams
 from engine.runtime.worker import Job
+from engine.text.splitter import split_text
 from engine.synthesis import RequestRun
 
 
@@ -56,6 +57,34 @@ def test_concurrent_requests_get_their_own_audio(engine):
     for a, b in zip(alone, together):
         assert a.shape == b.shape
         # Same frames, same codec chunks; batched convolutions may round differently on a GPU.
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-4)
+
+
+def test_multi_chunk_requests_with_voices_get_their_own_audio_while_queued_and_batched(engine):
+    """Texts of one to five chunks (each next chunk re-enters the queue at its front, voiced by
+    the first chunk's codes), a third with a reference voice, more requests than slots: each
+    request's audio is what it gets alone."""
+    rng = random.Random(0)
+    words = "alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike".split()
+    voice = reference_clip()
+    requests = []
+    for i in range(12):
+        sentences = [" ".join(rng.choice(words) for _ in range(rng.randint(4, 12))) for _ in range(rng.randint(1, 5))]
+        params = SamplingParams(max_new_tokens=rng.randint(6, 20), seed=i, chunk_length=100)
+        requests.append((". ".join(sentences) + ".", [voice] if i % 3 == 0 else [], params))
+
+    def run(request):
+        text, refs, params = request
+        return engine.synthesize(text, references=refs, params=params).audio
+
+    chunks = [len(split_text(text, params.chunk_length)) for text, _, params in requests]
+    assert max(chunks) >= 3 and chunks.count(1) >= 2  # long and short requests mixed
+    alone = [run(r) for r in requests]
+    with ThreadPoolExecutor(len(requests)) as pool:
+        together = list(pool.map(run, requests))
+    assert sum(len(a) for a in alone) > 0
+    for a, b in zip(alone, together):
+        assert a.shape == b.shape
         np.testing.assert_allclose(a, b, rtol=0, atol=1e-4)
 
 
