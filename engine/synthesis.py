@@ -71,7 +71,6 @@ class Synthesizer:
         self.prefix_cache = PrefixCache(cache, prefix_cache_bytes)
         self.scheduler = Scheduler(self.runner, self.prefix_cache)
         self.codec_runner = CodecRunner(models.codec, slots, self.capacity)
-        self.policy = policy
 
     @property
     def sample_rate(self) -> int:
@@ -81,7 +80,7 @@ class Synthesizer:
         """On the worker thread, before any request: compile and capture the decode step's graphs
         and the codec's. Returns the seconds it took."""
         seconds = self.runner.prepare()
-        if self.policy.cuda_graphs:
+        if self.runner.policy.cuda_graphs:
             seconds += self.codec_runner.prepare()
         return seconds
 

@@ -28,7 +28,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from weight_options import add_weight_options, parse_with_weights  # noqa: E402  (this script's folder)
+from weight_options import add_weight_options, parse_with_weights, weight_config  # noqa: E402  (this script's folder)
 
 FRAMES_PER_AUDIO_SECOND = 44100 / 2048
 SHORT_TEXT = "The quick brown fox jumps over the lazy dog, and then it runs away into the forest."
@@ -66,8 +66,7 @@ def engine_config(settings: dict, cache_dir: str | None = None):
     from engine.config import EngineConfig
 
     return EngineConfig(
-        checkpoint=settings.get("checkpoint"), random_weights=settings["weights"] == "random",
-        demo=settings["weights"] == "demo",
+        **weight_config(settings["weights"], settings.get("checkpoint")),
         device=settings["device"], precision=settings["precision"], compile=settings["compile"],
         quantize=settings["quantize"], cache_dir=cache_dir, max_batch_size=int(settings.get("max_batch_size", 1)),
         compile_mode=settings.get("compile_mode", "default"),
@@ -154,6 +153,26 @@ def underrun_seconds(arrivals: list[tuple[float, float]]) -> float:
             runs_out = at
         runs_out += seconds
     return stalled
+
+
+def stream_record(started: float, arrivals: list[tuple[float, float]]) -> dict:
+    """One streamed request, from its start and its chunks' (arrival time s, audio s): time to first
+    audio, real-time factor and underrun (None where it produced no audio)."""
+    total = time.perf_counter() - started
+    audio_s = sum(seconds for _, seconds in arrivals)
+    return {"ttfa_ms": (arrivals[0][0] - started) * 1000 if arrivals else None, "total_s": total,
+            "audio_s": audio_s, "rtf": total / audio_s if audio_s else None, "underrun_s": underrun_seconds(arrivals)}
+
+
+def level_summary(ok: list[dict]) -> dict:
+    """Percentiles over the stream_records of the requests that produced audio ({} when none did)."""
+    if not ok:
+        return {}
+    ttfa, rtf = percentiles([r["ttfa_ms"] for r in ok]), percentiles([r["rtf"] for r in ok])
+    return {"ttfa_ms_p50": ttfa["p50"], "ttfa_ms_p95": ttfa["p95"], "rtf_p50": rtf["p50"],
+            "rtf_max": max(r["rtf"] for r in ok), "faster_than_real_time": sum(r["rtf"] < 1 for r in ok),
+            "underrun_s_max": max(r["underrun_s"] for r in ok),
+            "streams_with_underrun": sum(r["underrun_s"] > 0.01 for r in ok)}
 
 
 def synthetic_prompt(engine, positions: int):
@@ -336,25 +355,21 @@ def concurrency_level(engine, streams: int, voices, args) -> dict:
             except Exception as exc:  # counted, not fatal: the sweep reports errors per level
                 records.append({"error": repr(exc)})
                 continue
-            total, audio_s = time.perf_counter() - started, sum(a for _, a in arrivals)
-            records.append({"ttfa_ms": (arrivals[0][0] - started) * 1000, "rtf": total / audio_s, "audio_s": audio_s,
-                            "underrun_s": underrun_seconds(arrivals)})
+            records.append(stream_record(started, arrivals))
         return records
 
     started = time.perf_counter()
     with ThreadPoolExecutor(streams) as pool:
         records = [r for batch in pool.map(client, range(streams)) for r in batch]
     wall = time.perf_counter() - started
-    ok = [r for r in records if "error" not in r]
+    ok = [r for r in records if r.get("audio_s")]
+    errors = [r["error"] for r in records if "error" in r]
+    if not ok:
+        raise RuntimeError(f"no request at {streams} streams produced audio; errors: {errors[:3]}")
     audio = sum(r["audio_s"] for r in ok)
-    ttfa, rtf = percentiles([r["ttfa_ms"] for r in ok]), percentiles([r["rtf"] for r in ok])
-    return {"streams": streams, "requests": len(records), "errors": len(records) - len(ok),
+    return {"streams": streams, "requests": len(records), "errors": len(errors),
             "audio_s_per_s": audio / wall, "frames_per_s": audio * FRAMES_PER_AUDIO_SECOND / wall,
-            "ttfa_ms_p50": ttfa["p50"], "ttfa_ms_p95": ttfa["p95"], "rtf_p50": rtf["p50"],
-            "rtf_max": max(r["rtf"] for r in ok), "wall_s": wall, "audio_s": audio,
-            "underrun_s_max": max(r["underrun_s"] for r in ok),
-            "streams_with_underrun": sum(r["underrun_s"] > 0.01 for r in ok),
-            "error_examples": [r["error"] for r in records if "error" in r][:3]}
+            **level_summary(ok), "wall_s": wall, "audio_s": audio, "error_examples": errors[:3]}
 
 
 def _reference_signal(seconds: float, seed: int = 0):
@@ -506,10 +521,11 @@ def main(argv=None) -> int:
         results.append(result)
         release_memory()
     first = results[0]
-    report = {"environment": environment(),
+    env = environment()
+    report = {"environment": env,
               **{k: first[k] for k in ("single_stream", "codec", "latency_ms", "memory", "concurrency")},
-              "startup": first.get("startup", {}), "device": environment()["device"],
-              "torch": environment()["torch"], "commit": environment()["commit"], "configurations": results}
+              "startup": first.get("startup", {}), "device": env["device"],
+              "torch": env["torch"], "commit": env["commit"], "configurations": results}
     print_table(results)
     write_reports(report, args.json, args.html, write_html)
     return 0

@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchmark import environment, percentiles, underrun_seconds, write_reports  # noqa: E402
+from benchmark import environment, level_summary, stream_record, write_reports  # noqa: E402
 
 TEXT = "The quick brown fox jumps over the lazy dog, and then it runs away into the forest."
 SHARED_VOICES = ("loadtest-voice-a", "loadtest-voice-b")
@@ -69,11 +69,7 @@ def one_request(client, n: int, args) -> dict:
                     arrivals.append((time.perf_counter(), len(piece) / 2 / rate))
     except Exception as exc:  # a broken connection is a result of the test, not a crash of it
         return {"n": n, "status": None, "error": repr(exc)}
-    total = time.perf_counter() - started
-    audio_s = sum(seconds for _, seconds in arrivals)
-    return {"n": n, "status": 200, "ttfa_ms": (arrivals[0][0] - started) * 1000 if arrivals else None,
-            "total_s": total, "audio_s": audio_s, "rtf": total / audio_s if audio_s else None,
-            "underrun_s": underrun_seconds(arrivals)}
+    return {"n": n, "status": 200, **stream_record(started, arrivals)}
 
 
 def run_level(client, clients: int, args, offset: int) -> dict:
@@ -86,17 +82,11 @@ def run_level(client, clients: int, args, offset: int) -> dict:
         records = [r for batch in pool.map(client_loop, range(clients)) for r in batch]
     wall = time.perf_counter() - started
     ok = [r for r in records if r["status"] == 200 and r["audio_s"]]
-    summary = {"streams": clients, "requests": len(records), "ok": len(ok),
-               "rejected": sum(r["status"] == 429 for r in records),
-               "errors": sum(r["status"] != 200 for r in records),
-               "audio_s_per_s": sum(r["audio_s"] for r in ok) / wall, "wall_s": wall}
-    if ok:
-        ttfa, rtf = percentiles([r["ttfa_ms"] for r in ok]), percentiles([r["rtf"] for r in ok])
-        summary.update(ttfa_ms_p50=ttfa["p50"], ttfa_ms_p95=ttfa["p95"], rtf_p50=rtf["p50"],
-                       rtf_max=max(r["rtf"] for r in ok), faster_than_real_time=sum(r["rtf"] < 1 for r in ok),
-                       underrun_s_max=max(r["underrun_s"] for r in ok),
-                       streams_with_underrun=sum(r["underrun_s"] > 0.01 for r in ok))
-    return {**summary, "records": records}
+    return {"streams": clients, "requests": len(records), "ok": len(ok),
+            "rejected": sum(r["status"] == 429 for r in records),
+            "errors": sum(r["status"] != 200 for r in records),
+            "audio_s_per_s": sum(r["audio_s"] for r in ok) / wall, "wall_s": wall, **level_summary(ok),
+            "records": records}
 
 
 def add_shared_voices(client, args) -> None:

@@ -72,7 +72,7 @@ def main(argv=None) -> int:
     from engine.runtime.kv_cache import KVCache
     from engine.runtime.step_runner import StepRunner
 
-    models = load_models(EngineConfig(**weight_config(args),
+    models = load_models(EngineConfig(**weight_config(args.weights, args.checkpoint),
                                       device="cuda"))
     model, c = models.model, models.model.config
     slots = max(batches)

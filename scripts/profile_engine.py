@@ -50,7 +50,7 @@ def main(argv=None) -> int:
     from engine.params import SamplingParams
     from engine.runtime import scheduler as scheduler_module
 
-    engine = TTSEngine.from_config(EngineConfig(**weight_config(args),
+    engine = TTSEngine.from_config(EngineConfig(**weight_config(args.weights, args.checkpoint),
                                                 max_batch_size=max(int(x) for x in args.levels.split(","))))
     engine.warmup()
     synth = engine._synthesizer

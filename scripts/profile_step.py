@@ -42,7 +42,7 @@ def main(argv=None) -> int:
     from engine.runtime.kv_cache import KVCache
     from engine.runtime.step_runner import StepRunner
 
-    models = load_models(EngineConfig(**weight_config(args),
+    models = load_models(EngineConfig(**weight_config(args.weights, args.checkpoint),
                                       device="cuda", quantize=args.quantize))
     model = models.model
     c = model.config

@@ -26,7 +26,6 @@ def parse_with_weights(parser: argparse.ArgumentParser, argv=None) -> argparse.N
     return args
 
 
-def weight_config(args: argparse.Namespace) -> dict:
-    """EngineConfig fields for the chosen weights."""
-    return {"random_weights": args.weights == "random", "demo": args.weights == "demo",
-            "checkpoint": args.checkpoint}
+def weight_config(weights: str, checkpoint: str | None) -> dict:
+    """EngineConfig fields for the chosen weights (the settled --weights, and --checkpoint)."""
+    return {"random_weights": weights == "random", "demo": weights == "demo", "checkpoint": checkpoint}

@@ -11,8 +11,9 @@ the audio whose copy has landed, oldest first, without waiting. Elsewhere it run
 
 With CUDA graphs, the chunk lengths (BLOCK_SIZES, and a stream's shorter last chunk padded to one
 of them) replay a graph captured per (row bucket, length) instead of launching the decoder's
-~1,500 kernels from Python, which would keep the host (and so the decode steps) waiting. A graph decodes a bucket of rows: the
-rows a call does not use point at one spare stream, whose state nobody reads.
+~1,500 kernels from Python, which would keep the host (and so the decode steps) waiting. A graph
+decodes a bucket of rows: the rows a call does not use point at one spare stream, whose state
+nobody reads.
 """
 
 from __future__ import annotations
