@@ -119,14 +119,26 @@ def decide(mode: str, device: torch.device, env: Environment | None = None,
     return CompilePolicy(True, True, f"CUDA with Triton {env.triton} on {env.os}", compile_mode, quantize == "int8")
 
 
+def _inductor_default_cache_dir() -> str | None:
+    try:
+        from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+    except ImportError:
+        return None
+    return os.path.abspath(default_cache_dir())
+
+
 def configure_caches(cache_root: Path) -> dict[str, str]:
     """Point Inductor and Triton at persistent dirs (unless the user already did) and turn caches on."""
     dirs = {
         "TORCHINDUCTOR_CACHE_DIR": str(cache_root / "inductor"),
         "TRITON_CACHE_DIR": str(cache_root / "triton"),
     }
+    torch_defaults = {"TORCHINDUCTOR_CACHE_DIR": _inductor_default_cache_dir()}
     for var, path in dirs.items():
-        os.environ.setdefault(var, path)
+        # Importing torch._dynamo writes Inductor's default (a temp dir, lost on reboot) into the
+        # environment: that value is torch's, not the user's, so ours replaces it.
+        if os.environ.get(var) in (None, torch_defaults.get(var)):
+            os.environ[var] = path
         Path(os.environ[var]).mkdir(parents=True, exist_ok=True)
     import torch._inductor.config as inductor_config
 

@@ -86,6 +86,16 @@ def test_caches_go_under_the_cache_dir_unless_set(tmp_path, monkeypatch):
     assert os.path.isdir(dirs["TORCHINDUCTOR_CACHE_DIR"])
 
 
+def test_caches_replace_the_temp_dir_that_importing_dynamo_sets(tmp_path, monkeypatch):
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", os.path.abspath(default_cache_dir()))
+    dirs = compilation.configure_caches(tmp_path / "compile")
+    assert dirs["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "compile" / "inductor")
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "chosen"))
+    assert compilation.configure_caches(tmp_path / "compile")["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "chosen")
+
+
 def test_environment_detection_reports_this_machine():
     env = Environment.detect()
     assert env.torch == torch.__version__ and env.cuda == torch.cuda.is_available()
