@@ -12,9 +12,11 @@ What is quantized: the Linear layers of the slow and fast transformer blocks (at
 fused gate/up and down projections), which are nearly all the weights read per decoded frame. The
 heads stay as they are: the runtime slices them (SemanticHead reads 4097 rows of `output`,
 forward_fast the leading rows of `fast_output`), they read little per frame, and the logits are
-what sampling sees. Embeddings stay too: a lookup reads a few rows, and torchao's quantized
-embedding would dequantize the whole table on every call. The codec's transformers (encoder,
-pre_module, post_module) go int8 in every mode; its convolutions stay as they are.
+what sampling sees. The token embedding table (155,776 x 1024, 319 MB in bf16, the largest tensor
+left) goes int8 with one scale per row in every mode (`Int8RowEmbedding`: a lookup dequantizes only
+the rows it reads; torchao's quantized embedding would dequantize the whole table on every call);
+the small codebook embeddings stay. The codec's transformers (encoder, pre_module, post_module) go
+int8 in every mode; its convolutions stay as they are.
 
 A pre-quantized checkpoint (scripts/quantize.py) is a checkpoint directory whose model.pth holds the
 quantized state dict, with quantization.json naming how it was made; the loader uses it as it is.
@@ -77,6 +79,41 @@ def quantize_transformer(model: DualARTransformer, mode: str) -> None:
     quantize_, config = _torchao().quantize_, _config(mode)
     for blocks in (model.layers, model.fast_layers):
         quantize_(blocks, config)
+    model.embeddings = Int8RowEmbedding.quantize(model.embeddings)
+
+
+class Int8RowEmbedding(torch.nn.Module):
+    """An embedding table in int8 with one scale per row (absmax / 127); a lookup dequantizes only
+    the rows it reads."""
+
+    QUANTIZE_ROWS = 16384  # rows converted at a time: no fp32 copy of the whole table
+
+    def __init__(self, weight: torch.Tensor, scale: torch.Tensor):
+        super().__init__()
+        self.weight = torch.nn.Parameter(weight, requires_grad=False)  # (V, D) int8
+        self.scale = torch.nn.Parameter(scale, requires_grad=False)  # (V, 1) in the model's dtype
+
+    @classmethod
+    def quantize(cls, embedding: torch.nn.Embedding) -> "Int8RowEmbedding":
+        table = embedding.weight
+        weight = torch.empty(table.shape, dtype=torch.int8, device=table.device)
+        scale = torch.empty(table.shape[0], 1, dtype=table.dtype, device=table.device)
+        for start in range(0, table.shape[0], cls.QUANTIZE_ROWS):
+            rows = table[start:start + cls.QUANTIZE_ROWS].float()
+            row_scale = rows.abs().amax(dim=1, keepdim=True).clamp_min(1e-12) / 127
+            weight[start:start + cls.QUANTIZE_ROWS] = torch.round(rows / row_scale).clamp(-127, 127).to(torch.int8)
+            scale[start:start + cls.QUANTIZE_ROWS] = row_scale.to(table.dtype)
+        return cls(weight, scale)
+
+    @classmethod
+    def empty_like(cls, embedding: torch.nn.Embedding) -> "Int8RowEmbedding":
+        """Storage to load a saved table into (on the meta device while a model is assembled)."""
+        table = embedding.weight
+        return cls(torch.empty(table.shape, dtype=torch.int8, device=table.device),
+                   torch.empty(table.shape[0], 1, dtype=table.dtype, device=table.device))
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.weight[ids].to(self.scale.dtype) * self.scale[ids]
 
 
 def quantize_codec(codec: ModdedDAC, mode: str) -> None:
@@ -180,6 +217,8 @@ def load_quantized(directory: Path, layout: TokenLayout, mode: str, placement: P
             raise
         raise CheckpointError(f"{exc}. Its tensors were saved by torchao {info.get('torchao')} and this is torchao "
                               f"{installed}: quantize again here, or install torchao=={info.get('torchao')}") from None
+    if "embeddings.scale" in state:  # checkpoints saved before the table was quantized have none
+        model.embeddings = Int8RowEmbedding.empty_like(model.embeddings)
     check_state_matches(model, state, str(directory / "model.pth"))
     model.load_state_dict({k: v.to(placement.device) for k, v in state.items()}, strict=True, assign=True)
     model.reset_buffers(placement.device)
