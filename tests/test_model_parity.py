@@ -6,7 +6,7 @@ Tolerances from the fixtures README: logits and hidden states atol 1e-4; integer
 import pytest
 import torch
 
-from engine.model.dual_ar import TokenLayout, rope_table
+from engine.model.dual_ar import TokenLayout, one_query_attention, rope_table
 from engine.model.loading import load_dual_ar
 from engine.runtime.generate import generate, new_fast_cache
 from engine.runtime.kv_cache import KVCache
@@ -132,3 +132,14 @@ def test_fused_inference_layout_gives_the_same_logits(s1_dir, s1_expected):
     torch.testing.assert_close(hidden, prefill_all(plain, s1_expected["fwd_sequence"]), atol=ATOL, rtol=0)
     positions = s1_expected["fwd_positions"]
     torch.testing.assert_close(hidden[positions], s1_expected["fwd_hidden"], atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("masked", [True, False])
+def test_one_query_attention_equals_sdpa(masked):
+    """The decode attention the compiled step uses, against the general kernel the eager path uses."""
+    gen = torch.Generator().manual_seed(0)
+    q, keys, values = (torch.randn(shape, generator=gen) for shape in ((3, 8, 2, 128), (3, 8, 300, 128), (3, 8, 300, 128)))
+    positions = torch.tensor([0, 150, 299])
+    mask = (torch.arange(300) <= positions[:, None, None, None]).expand(3, 1, 2, 300) if masked else None
+    expected = torch.nn.functional.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
+    torch.testing.assert_close(one_query_attention(q, keys, values, mask), expected, rtol=1e-5, atol=1e-5)

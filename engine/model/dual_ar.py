@@ -154,6 +154,18 @@ class KVView:
     mask: Tensor | None
 
 
+def one_query_attention(q: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None) -> Tensor:
+    """Scaled dot-product attention for decoding, written out so that Inductor fuses it into a few
+    small reductions (a general fused-attention kernel spends most of its time on tiles that one
+    query per head leaves empty). q (B, H, G, D) with G query rows per head, keys and values
+    (B, H, L, D), mask (B, 1, G, L) bool (True = visible) or None. Computed in fp32."""
+    scores = (q.unsqueeze(3).float() * keys.unsqueeze(2).float()).sum(-1) * q.shape[-1] ** -0.5
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    probs = scores.softmax(dim=-1)
+    return (probs.unsqueeze(-1) * values.unsqueeze(2).float()).sum(dim=-2).to(q.dtype)
+
+
 class Attention(nn.Module):
     def __init__(self, dim: int, n_head: int, n_kv_heads: int, head_dim: int, eps: float,
                  qk_norm: bool, qkv_bias: bool, o_bias: bool):
@@ -192,7 +204,10 @@ class Attention(nn.Module):
         mask = kv.mask
         if mask is not None:
             mask = mask.expand(bsz, group, seqlen, kv_len).reshape(bsz, 1, group * seqlen, kv_len)
-        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
+        if seqlen == 1 and torch.compiler.is_compiling():
+            out = one_query_attention(q, keys, values, mask)
+        else:
+            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
         out = out.reshape(bsz, self.n_head, seqlen, self.head_dim).transpose(1, 2)
         return self.wo(out.reshape(bsz, seqlen, q_size))
 
