@@ -49,3 +49,11 @@ def test_a_checkpoint_means_real_weights_and_never_goes_silently_unused():
     for weights in ("random", "demo"):
         with pytest.raises(SystemExit):
             benchmark.parse_args(["--weights", weights, "--checkpoint", "somewhere"])
+
+
+def test_each_configuration_is_measured_with_its_own_settings_only():
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import benchmark  # noqa: E402
+
+    argv = ["--checkpoint", "ck", "--quantize=int8", "--runs", "2", "--compare", "weights=random", "--json", "o.json"]
+    assert benchmark._without_options(argv, ("--checkpoint", "--quantize", "--compare", "--json")) == ["--runs", "2"]
