@@ -170,7 +170,9 @@ class RequestRun:
 
     def _queue_chunk(self, index: int) -> None:
         if index == 1 and self._first_chunk_codes:
-            self._use_voice([(self.request.chunks[0], torch.cat(self._first_chunk_codes, dim=1).cpu())])
+            codes = torch.cat(self._first_chunk_codes, dim=1).cpu()
+            if codes.shape[1]:  # a first chunk that ended at once leaves the next ones unvoiced like it
+                self._use_voice([(self.request.chunks[0], codes)])
         self.index = index
         last = len(self.request.chunks) - 1
         rate = self.synth.sample_rate

@@ -88,6 +88,18 @@ def test_multi_chunk_requests_with_voices_get_their_own_audio_while_queued_and_b
         np.testing.assert_allclose(a, b, rtol=0, atol=1e-4)
 
 
+def test_a_first_chunk_without_frames_leaves_the_next_chunks_unvoiced(engine, monkeypatch):
+    """Found on the GPU, where the demo model may end a chunk at once: the next chunk took the first
+    chunk's zero frames as its voice and the whole request failed."""
+    harvested = RequestRun.harvested
+    monkeypatch.setattr(RequestRun, "harvested", lambda self, codes: harvested(self, codes[:, :0]))
+    text = ("The first sentence of this request is here, and it goes on for quite a while longer. "
+            "And a second one follows it right after, which is also long enough to stand alone.")
+    params = SamplingParams(max_new_tokens=6, seed=1, chunk_length=100)
+    assert len(split_text(text, params.chunk_length)) == 2
+    assert engine.synthesize(text, params=params).stats["frames"] > 0
+
+
 def test_no_slot_or_memory_leak_after_1000_requests_with_cancellations(engine):
     rng = random.Random(0)
     plan = [(rng.random(), rng.randint(2, 10)) for _ in range(1000)]
