@@ -143,3 +143,23 @@ def test_one_query_attention_equals_sdpa(masked):
     mask = (torch.arange(300) <= positions[:, None, None, None]).expand(3, 1, 2, 300) if masked else None
     expected = torch.nn.functional.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
     torch.testing.assert_close(one_query_attention(q, keys, values, mask), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_compiled_decode_attends_with_the_written_out_attention_and_matches_prefill(model, s1_expected):
+    """Under torch.compile a one-position step takes one_query_attention (no SDPA in its graphs) and
+    gives the prefill's states (graphs recorded, not lowered: this checks the dispatch and maths)."""
+    graphs = []
+    torch._dynamo.reset()
+    block = torch.compile(lambda layer, x, rope, kv: layer(x, rope, kv), fullgraph=True,
+                          backend=lambda gm, _: graphs.append(gm) or gm)
+    sequence = s1_expected["fwd_sequence"].long()
+    full = prefill_all(model, sequence)
+    prompt_len = s1_expected["prompt_b"].shape[1]
+    cache = new_cache(model)
+    with torch.inference_mode():
+        model.forward_slow(sequence[None, :, :prompt_len], cache.views(torch.arange(prompt_len)[None], prompt_len))
+        for pos in range(prompt_len, prompt_len + 3):
+            step = model.forward_slow(sequence[None, :, pos: pos + 1], cache.views(torch.tensor([[pos]]), pos + 1), block)
+            torch.testing.assert_close(step[0, 0], full[pos], atol=ATOL, rtol=0)
+    targets = {str(n.target) for gm in graphs for n in gm.graph.nodes if n.op == "call_function"}
+    assert graphs and not any("scaled_dot_product" in t for t in targets)

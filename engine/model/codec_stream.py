@@ -443,6 +443,9 @@ def encode_chunked(codec: ModdedDAC, audio: Tensor, chunk_frames: int) -> Tensor
     works frame by frame, so streaming it gives the same codes while the activations held at once
     are those of one chunk instead of the whole clip (a 10 s reference in fp32 otherwise needs
     ~0.6 GB of activations). Chunks hold whole frames, so every strided conv sees whole strides.
+    Same codes up to rounding: exact on the CPU in fp32 (tested); on an H100, where cuDNN runs fp32
+    convolutions in TF32, chunk sizes 64 and 32 gave a few different codes for a 10 s clip (the sum
+    of its codes moved by 0.005 %; 0.07 % with the codec's transformers in int8).
     """
     if audio.dim() != 3 or audio.shape[1] != 1 or audio.shape[-1] == 0:
         raise ValueError(f"audio must be (B, 1, n) with n > 0, got {tuple(audio.shape)}")
