@@ -94,6 +94,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--share", action="store_true", default=None,
         help="also publish a temporary public gradio.live link (needs internet; not on Spaces) [S1_MINI_SHARE]",
     )
+    server.add_argument(
+        "--no-ui", action="store_true", default=None,
+        help="serve the REST API alone, without the Gradio UI (Gradio need not be installed) [S1_MINI_NO_UI]",
+    )
     return p
 
 
@@ -105,6 +109,7 @@ class ServerPlan:
     api_key: str | None
     share: bool
     reasons: tuple[str, ...]
+    ui: bool = True
 
 
 def parse_listen(text: str) -> tuple[str, int]:
@@ -160,7 +165,12 @@ def plan_server(args, environ) -> ServerPlan:
     reasons.append(
         "API key required on every route but /health" if api_key else "no API key: open to anyone who can reach it"
     )
-    return ServerPlan(host, port, root or "", api_key, share, tuple(reasons))
+    ui = not (args.no_ui if args.no_ui is not None else environ.get("S1_MINI_NO_UI", "").lower() in _TRUE)
+    if not ui:
+        if share:
+            raise ValueError("--share publishes the Gradio UI, which --no-ui turns off: drop one of them")
+        reasons.append("REST API only (--no-ui): no Gradio UI")
+    return ServerPlan(host, port, root or "", api_key, share, tuple(reasons), ui)
 
 
 def runpod_storage_defaults(environ, workspace: str = RUNPOD_WORKSPACE) -> dict[str, str]:
@@ -267,12 +277,15 @@ def serve(config, plan: ServerPlan) -> int:
         "model ready in {:.1f} s: {} on {} ({}), compile: {}", time.perf_counter() - started,
         stats.get("model"), stats.get("device"), stats.get("precision"), stats.get("compile"),
     )
-    settings = AppSettings(api_key=plan.api_key, root_path=plan.root_path, ui_concurrency=engine.slots)
-    if not settings.stream_ui_audio:
+    settings = AppSettings(api_key=plan.api_key, root_path=plan.root_path, ui_concurrency=engine.slots, ui=plan.ui)
+    if plan.ui and not settings.stream_ui_audio:
         logger.warning("ffmpeg not found on PATH: the UI plays audio when complete instead of streaming it")
     app = create_app(engine, settings)
     shown_host = "127.0.0.1" if plan.host in ("0.0.0.0", "::") else plan.host
-    logger.info("open http://{}:{}/ (API docs at /docs)", shown_host, plan.port)
+    if plan.ui:
+        logger.info("open http://{}:{}/ (API docs at /docs)", shown_host, plan.port)
+    else:
+        logger.info("REST API at http://{}:{}/v1/ (docs at /docs)", shown_host, plan.port)
     if plan.share:
         if not plan.api_key:
             logger.warning("--share without --api-key: anyone with the link can use this server")

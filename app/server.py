@@ -6,12 +6,11 @@ that nothing else matched.
 
 from __future__ import annotations
 
-import gradio as gr
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, RedirectResponse
 
 from engine.errors import S1Error
 
@@ -23,7 +22,6 @@ from .metrics import Metrics
 from .middleware import BodySizeLimit, RequestMetrics
 from .service import Synthesizer
 from .settings import AppSettings
-from .ui import CSS_PATH, build_ui
 
 OPENAI_PREFIX = "/v1/audio/"
 
@@ -54,10 +52,23 @@ def create_app(engine, settings: AppSettings | None = None) -> FastAPI:
     app.include_router(routes_references.build_router(engine.voices), dependencies=protected)
     openapi.install(app, bearer_auth=settings.api_key is not None)
 
-    blocks = build_ui(synth, settings, metrics)
+    if not settings.ui:
+        @app.get("/", include_in_schema=False)
+        async def api_only_root():
+            return RedirectResponse(app.root_path + "/docs")
+
+        return app
+    return _mount_ui(app, synth, settings, metrics, guard)
+
+
+def _mount_ui(app: FastAPI, synth: Synthesizer, settings: AppSettings, metrics: Metrics, guard: ApiKeyGuard) -> FastAPI:
+    import gradio as gr  # here, so that an API-only server runs without Gradio installed
+
+    from .ui import CSS_PATH, build_ui
+
     app = gr.mount_gradio_app(
         app,
-        blocks,
+        build_ui(synth, settings, metrics),
         path="/",
         auth=guard.ui_password_ok if settings.api_key else None,
         auth_message=UI_LOGIN_MESSAGE if settings.api_key else None,

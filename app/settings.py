@@ -17,6 +17,7 @@ class AppSettings:
     # Gradio's streaming audio output runs ffmpeg per stream; without it the UI plays whole clips.
     stream_ui_audio: bool = field(default_factory=ffmpeg_available)
     title: str = "S1-mini Studio"
+    ui: bool = True  # False: the REST API alone, without Gradio (launch.py --no-ui)
 
     def __post_init__(self):
         if self.api_key is not None and not self.api_key.strip():

@@ -10,10 +10,11 @@ import subprocess
 import sys
 import textwrap
 
+import httpx
 import pytest
 
 import launch
-from tests.test_app_support import ROOT
+from tests.test_app_support import ROOT, DemoServer, assert_audio
 
 FLAGS = [
     "--checkpoint",
@@ -29,6 +30,7 @@ FLAGS = [
     "--share",
     "--max-batch-size",
     "--max-text-length",
+    "--no-ui",
 ]
 
 
@@ -207,3 +209,27 @@ def test_demo_starts_and_speaks_with_no_network_at_all():
     if "Operation not permitted" in result.stderr and "OFFLINE-OK" not in result.stdout:
         pytest.skip("not allowed to create a network namespace here")
     assert "OFFLINE-OK" in result.stdout, result.stderr[-3000:]
+
+
+def test_no_ui_plan_and_its_conflict_with_share():
+    assert launch.plan_server(parse(), {}).ui is True
+    plan = launch.plan_server(parse("--no-ui"), {})
+    assert plan.ui is False and any("REST API only" in r for r in plan.reasons)
+    assert launch.plan_server(parse(), {"S1_MINI_NO_UI": "1"}).ui is False
+    with pytest.raises(ValueError, match="--share"):
+        launch.plan_server(parse("--no-ui", "--share"), {})
+
+
+def test_api_only_server_runs_without_gradio_installed(tmp_path):
+    """--no-ui on a machine without Gradio (an import of it fails here): the REST API serves, and /
+    sends a browser to the API docs."""
+    blocker = tmp_path / "no-gradio" / "gradio"
+    blocker.mkdir(parents=True)
+    (blocker / "__init__.py").write_text("raise ImportError('gradio is blocked in this test')\n")
+    path = os.pathsep.join(filter(None, [str(blocker.parent), os.environ.get("PYTHONPATH")]))
+    with DemoServer(tmp_path, "--no-ui", env={"PYTHONPATH": path}) as server:
+        r = httpx.post(server.url + "/v1/tts", json={"text": "API only.", "max_new_tokens": 8}, timeout=60)
+        assert_audio(r.content, min_seconds=0.1)
+        root = httpx.get(server.url + "/", follow_redirects=False)
+        assert root.status_code in (302, 307) and root.headers["location"].endswith("/docs")
+        assert "gradio is blocked" not in server.log_tail()
