@@ -70,17 +70,25 @@ def test_slow_logits_and_hidden_parity(model, s1_expected):
     torch.testing.assert_close(logits, s1_expected["fwd_slow_logits"], atol=ATOL, rtol=0)
 
 
-def test_incremental_decode_matches_prefill(model, s1_expected):
-    """Writing the cache one position at a time gives the same states as one prefill."""
+def assert_decode_matches_prefill(model, s1_expected, steps=None, run_block=None):
+    """Prefill the prompt, then write the cache one position at a time (through run_block): every
+    step's state equals the one prefill of the whole sequence gives."""
     sequence = s1_expected["fwd_sequence"].long()
     full = prefill_all(model, sequence)
     prompt_len = s1_expected["prompt_b"].shape[1]
     cache = new_cache(model)
+    end = sequence.shape[1] if steps is None else prompt_len + steps
     with torch.inference_mode():
         model.forward_slow(sequence[None, :, :prompt_len], cache.views(torch.arange(prompt_len)[None], prompt_len))
-        for pos in range(prompt_len, sequence.shape[1]):
-            step = model.forward_slow(sequence[None, :, pos: pos + 1], cache.views(torch.tensor([[pos]]), pos + 1))
+        for pos in range(prompt_len, end):
+            step = model.forward_slow(sequence[None, :, pos: pos + 1], cache.views(torch.tensor([[pos]]), pos + 1),
+                                      run_block)
             torch.testing.assert_close(step[0, 0], full[pos], atol=ATOL, rtol=0)
+
+
+def test_incremental_decode_matches_prefill(model, s1_expected):
+    """Writing the cache one position at a time gives the same states as one prefill."""
+    assert_decode_matches_prefill(model, s1_expected)
 
 
 def test_fast_logits_parity(model, s1_expected):
@@ -152,14 +160,6 @@ def test_compiled_decode_attends_with_the_written_out_attention_and_matches_pref
     torch._dynamo.reset()
     block = torch.compile(lambda layer, x, rope, kv: layer(x, rope, kv), fullgraph=True,
                           backend=lambda gm, _: graphs.append(gm) or gm)
-    sequence = s1_expected["fwd_sequence"].long()
-    full = prefill_all(model, sequence)
-    prompt_len = s1_expected["prompt_b"].shape[1]
-    cache = new_cache(model)
-    with torch.inference_mode():
-        model.forward_slow(sequence[None, :, :prompt_len], cache.views(torch.arange(prompt_len)[None], prompt_len))
-        for pos in range(prompt_len, prompt_len + 3):
-            step = model.forward_slow(sequence[None, :, pos: pos + 1], cache.views(torch.tensor([[pos]]), pos + 1), block)
-            torch.testing.assert_close(step[0, 0], full[pos], atol=ATOL, rtol=0)
+    assert_decode_matches_prefill(model, s1_expected, steps=3, run_block=block)
     targets = {str(n.target) for gm in graphs for n in gm.graph.nodes if n.op == "call_function"}
     assert graphs and not any("scaled_dot_product" in t for t in targets)
