@@ -3,6 +3,8 @@
 
     python launch.py                      # real checkpoint, http://127.0.0.1:7860
     python launch.py --demo               # tiny random model: no download, no network
+    python launch.py --random-weights     # full-size random weights: measure a GPU without the checkpoint
+    python launch.py --no-ui              # the REST API alone
     python launch.py --no-compile         # Windows, or to skip compilation
 
 Every flag can also be set with an environment variable (shown in --help); a flag wins.
@@ -50,6 +52,11 @@ def build_parser() -> argparse.ArgumentParser:
     model.add_argument(
         "--demo", action="store_true", default=None,
         help="tiny random-weight model: starts in seconds anywhere, makes noise, needs no download [S1_MINI_DEMO]",
+    )
+    model.add_argument(
+        "--random-weights", action="store_true", default=None,
+        help="the full-size S1-mini architecture with random weights: measures speed and memory without the "
+        "checkpoint, makes noise [S1_MINI_RANDOM_WEIGHTS]",
     )
     model.add_argument("--device", help="auto, cpu, cuda, cuda:N or mps [S1_MINI_DEVICE; default auto: the GPU if any]")
     model.add_argument(
@@ -194,6 +201,7 @@ def engine_config(args, environ):
         environ,
         checkpoint=args.checkpoint,
         demo=args.demo,
+        random_weights=args.random_weights,
         device=args.device,
         precision=args.precision,
         compile=compile_mode,

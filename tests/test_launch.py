@@ -19,6 +19,7 @@ from tests.test_app_support import ROOT, DemoServer, assert_audio
 FLAGS = [
     "--checkpoint",
     "--demo",
+    "--random-weights",
     "--device",
     "--precision",
     "--compile",
@@ -135,6 +136,12 @@ def test_api_key_and_share_from_the_environment():
     plan = launch.plan_server(parse(), {"S1_MINI_API_KEY": "k", "S1_MINI_SHARE": "true"})
     assert plan.api_key == "k" and plan.share is True
     assert launch.plan_server(parse("--share"), {"SPACE_ID": "me/space"}).share is False
+
+
+def test_random_weights_flag_and_variable_reach_the_engine_config():
+    assert launch.engine_config(parse("--random-weights"), {}).random_weights is True
+    assert launch.engine_config(parse(), {"S1_MINI_RANDOM_WEIGHTS": "1"}).random_weights is True
+    assert launch.engine_config(parse(), {}).random_weights is False
 
 
 def test_engine_settings_from_flags_then_environment():
