@@ -136,6 +136,11 @@ def _flag_or_env(value, environ, *names):
     return None, None
 
 
+def _switch(flag: bool | None, environ, name: str) -> bool:
+    """An on/off flag (None when not given), else its variable (1/true/yes/on)."""
+    return bool(flag) if flag is not None else environ.get(name, "").lower() in _TRUE
+
+
 def plan_server(args, environ) -> ServerPlan:
     reasons = []
     pod = environ.get("RUNPOD_POD_ID")
@@ -165,14 +170,14 @@ def plan_server(args, environ) -> ServerPlan:
         reasons.append(f"public root {root} (RunPod pod {pod}; expose HTTP port {port} on the pod)")
 
     api_key, _ = _flag_or_env(args.api_key, environ, "S1_MINI_API_KEY")
-    share = bool(args.share) if args.share is not None else environ.get("S1_MINI_SHARE", "").lower() in _TRUE
+    share = _switch(args.share, environ, "S1_MINI_SHARE")
     if share and environ.get("SPACE_ID"):
         reasons.append("share link skipped: Hugging Face Spaces already serves the app publicly")
         share = False
     reasons.append(
         "API key required on every route but /health" if api_key else "no API key: open to anyone who can reach it"
     )
-    ui = not (args.no_ui if args.no_ui is not None else environ.get("S1_MINI_NO_UI", "").lower() in _TRUE)
+    ui = not _switch(args.no_ui, environ, "S1_MINI_NO_UI")
     if not ui:
         if share:
             raise ValueError("--share publishes the Gradio UI, which --no-ui turns off: drop one of them")

@@ -23,12 +23,7 @@ from .device import memory_gb, slots_that_fit
 from .errors import InputError
 from .loader import LoadedModels, load_models
 from .params import SamplingParams
-from .references import (
-    ReferenceCodeCache,
-    VoiceStore,
-    default_cache_dir,
-    default_voices_dir,
-)
+from .references import ReferenceCodeCache, VoiceStore, default_cache_dir, default_voices_dir
 from .runtime.kv_cache import bytes_per_slot
 from .runtime.worker import GPUWorker
 from .synthesis import AudioChunk, PreparedRequest, Synthesizer

@@ -128,10 +128,14 @@ def startup_env() -> dict:
 SETTINGS = ("weights", "device", "precision", "compile", "compile_mode", "quantize", "max_batch_size")
 
 
+def _option(key: str) -> str:
+    return f"--{key.replace('_', '-')}"
+
+
 def settings_to_argv(settings: dict) -> list[str]:
     argv = []
     for key in SETTINGS:
-        argv += [f"--{key.replace('_', '-')}", str(settings[key])]
+        argv += [_option(key), str(settings[key])]
     if settings.get("checkpoint"):
         argv += ["--checkpoint", settings["checkpoint"]]
     return argv
@@ -308,7 +312,7 @@ def measure_configuration(settings: dict, argv: list[str]) -> dict:
     """measure_in_process in a fresh process: after an engine closes, its compiled graphs and their
     memory pools stay in the process (on the H100, a configuration measured after another reported
     0.27 GB more after load than alone)."""
-    replaced = ("--compare", "--json", "--html", "--checkpoint", *(f"--{k.replace('_', '-')}" for k in SETTINGS))
+    replaced = ("--compare", "--json", "--html", "--checkpoint", *map(_option, SETTINGS))
     child = [sys.executable, __file__, *_without_options(argv, replaced), *settings_to_argv(settings),
              "--phase", "measure"]
     out = subprocess.run(child, stdout=subprocess.PIPE, text=True, timeout=3600)
