@@ -5,7 +5,8 @@
 
 Times the graphed step (batch 1, one kv bucket), then runs the same step outside CUDA graphs
 under torch.profiler so that every kernel is seen, and prints the kernels per frame, the GPU
-busy time per frame and the kernels that take the most time.
+busy time per frame and the kernels that take the most time; the JSON also lists one frame's
+kernels in launch order.
 """
 
 from __future__ import annotations
@@ -70,7 +71,8 @@ def main(argv=None) -> int:
                 runner._step(step_views, key_positions)
             torch.cuda.synchronize()
 
-    kernels = [e for e in prof.events() if e.device_type.name == "CUDA"]
+    kernels = sorted((e for e in prof.events() if e.device_type.name == "CUDA"), key=lambda e: e.time_range.start)
+    per_frame = len(kernels) // args.frames
     total_us = sum(e.device_time for e in kernels)
     by_name = defaultdict(lambda: [0, 0.0])
     for k in kernels:
@@ -83,6 +85,8 @@ def main(argv=None) -> int:
         "kernels_per_frame": len(kernels) / args.frames, "gpu_ms_per_frame": total_us / args.frames / 1000,
         "top_kernels": sorted(((n, cnt / args.frames, t / args.frames) for n, (cnt, t) in by_name.items()),
                               key=lambda r: -r[2])[:25],
+        # One frame's kernels in launch order (the last frame profiled): where fusion breaks shows here.
+        "frame_kernels": [[k.name, round(k.device_time, 2)] for k in kernels[-per_frame:]],
     }
     print(f"graphed: {graphed_ms:.3f} ms/frame ({1000 / graphed_ms:.0f} frames/s); kernels/frame "
           f"{result['kernels_per_frame']:.0f}; GPU busy {result['gpu_ms_per_frame']:.3f} ms/frame")
