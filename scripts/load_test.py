@@ -7,7 +7,7 @@
 At each level, that many clients at once each send --requests-per-client streaming requests (raw
 PCM) back to back. Texts are unique; a third of the requests use one of two saved voices (shared:
 their prefix is reused), a third carry their own inline reference clip (distinct voices), and the
-rest use the model's own voice. Per request: time to first audio (first PCM bytes at the client),
+rest use the model's own voice; each level also reports its percentiles per kind of voice. Per request: time to first audio (first PCM bytes at the client),
 real-time factor (wall time / audio duration), audio seconds, underrun (how long a listener who
 starts playing at the first audio would wait for more), and the error if any (429 answers are
 counted as rejected). Per level: audio-seconds per second overall and percentiles.
@@ -44,13 +44,22 @@ def tone_wav(seconds: float, pitch: float, seed: int) -> bytes:
     return buffer.getvalue()
 
 
+# Request n's voice: a saved voice (its prefix cached after first use), a clip of its own sent inline
+# (encoded by the codec on arrival), or the model's own voice.
+VOICE_KINDS = ("saved_voice", "inline_clip", "no_voice")
+
+
+def voice_kind(n: int) -> str:
+    return VOICE_KINDS[n % 3]
+
+
 def request_body(n: int, args) -> dict:
     body = {"text": f"{TEXT} This is request number {n}.", "streaming": True, "format": "pcm",
             "max_new_tokens": args.max_new_tokens, "seed": n}
-    kind = n % 3
-    if kind == 0:
+    kind = voice_kind(n)
+    if kind == "saved_voice":
         body["reference_id"] = SHARED_VOICES[n % 2]
-    elif kind == 1:
+    elif kind == "inline_clip":
         clip = tone_wav(args.reference_seconds, 110 + (n % 50) * 3, n)
         body["references"] = [{"audio": base64.b64encode(clip).decode(), "text": "A distinct reference clip."}]
     return body
@@ -86,6 +95,7 @@ def run_level(client, clients: int, args, offset: int) -> dict:
             "rejected": sum(r["status"] == 429 for r in records),
             "errors": sum(r["status"] != 200 for r in records),
             "audio_s_per_s": sum(r["audio_s"] for r in ok) / wall, "wall_s": wall, **level_summary(ok),
+            "by_voice": {kind: level_summary([r for r in ok if voice_kind(r["n"]) == kind]) for kind in VOICE_KINDS},
             "records": records}
 
 
@@ -171,6 +181,8 @@ def main(argv=None) -> int:
                   f"p95 {s.get('ttfa_ms_p95', 0):6.0f} ms  RTF p50 {s.get('rtf_p50', 0):.3f} max "
                   f"{s.get('rtf_max', 0):.3f}  underruns {s.get('streams_with_underrun', 0)}  errors {s['errors']} "
                   f"(rejected {s['rejected']})")
+            print("      TTFA p50 by voice: " + ", ".join(f"{kind} {summary['ttfa_ms_p50']:.0f} ms"
+                                                        for kind, summary in s["by_voice"].items() if summary))
     report = {"environment": environment(), "url": args.url, "levels": results}
     write_reports(report, args.json, args.html, write_html)
     return 0

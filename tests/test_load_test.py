@@ -21,10 +21,14 @@ def test_load_test_drives_the_server_and_reports_each_level(tmp_path):
     for level in report["levels"]:
         assert level["errors"] == 0 and level["requests"] == 2 * level["streams"]
         assert all(r["status"] == 200 for r in level["records"])
-        kinds = {("reference_id" in load_test.request_body(r["n"], _Args()), "references" in
-                  load_test.request_body(r["n"], _Args())) for r in level["records"]}
+        for record in level["records"]:
+            body, kind = load_test.request_body(record["n"], _Args()), load_test.voice_kind(record["n"])
+            assert ("reference_id" in body, "references" in body) == {
+                "saved_voice": (True, False), "inline_clip": (False, True), "no_voice": (False, False)}[kind]
+        ran = {load_test.voice_kind(r["n"]) for r in level["records"]}
+        assert {kind for kind, summary in level["by_voice"].items() if summary} == ran
         if level["streams"] == 3:
-            assert len(kinds) == 3  # shared voices, inline voices and the model's own voice all ran
+            assert ran == set(load_test.VOICE_KINDS)  # saved voices, inline clips and the model's own voice all ran
     assert "<img" in (tmp_path / "load.html").read_text()
 
 
