@@ -86,7 +86,10 @@ class CodecRunner:
                             self.decoder.decode_rows(codes, rows)
                     torch.cuda.current_stream().wait_stream(self.stream)
                     graph = torch.cuda.CUDAGraph()
-                    with torch.cuda.graph(graph, pool=pool):
+                    # Captured on the codec's stream, not torch.cuda.graph's shared default: a
+                    # graph keeps the cuBLAS workspace of the stream it was captured on, and the
+                    # decode step's graphs replay beside these (see StepRunner._capture).
+                    with torch.cuda.graph(graph, pool=pool, stream=self.stream):
                         audio = self.decoder.decode_rows(codes, rows)[:, 0]
                     pool = graph.pool()
                     self._graphs[(bucket, n)] = _Graph(graph, codes, index, audio)

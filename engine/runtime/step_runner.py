@@ -112,6 +112,7 @@ class StepRunner:
         self._step = self._build_step()
         self._graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
         self._pool = None
+        self._capture_stream = None  # see _capture
 
     def _build_step(self):
         # Regional compilation: one compiled transformer block serves all 28 slow layers, one the 4
@@ -169,7 +170,12 @@ class StepRunner:
                 self._step(*args)
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool), torch.inference_mode():
+        # A capture stream of our own: cuBLAS's workspace belongs to the capturing stream and is
+        # baked into the graph. On torch.cuda.graph's one default stream, the codec's graphs got
+        # the same workspace, and a step and a codec chunk replaying at once on their two streams
+        # crashed the process (H100, 64 streams: illegal instruction, or a segfault in replay).
+        self._capture_stream = self._capture_stream or torch.cuda.Stream()
+        with torch.cuda.graph(graph, pool=self._pool, stream=self._capture_stream), torch.inference_mode():
             self._step(*args)
         self._pool = graph.pool()
         self._graphs[(batch, kv)] = graph
