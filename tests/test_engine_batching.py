@@ -185,3 +185,39 @@ def test_a_failed_codec_call_fails_its_requests_and_the_engine_carries_on(engine
     wait_idle(engine)
     assert any(len(engine.synthesize("After it.", params=SamplingParams(max_new_tokens=4, seed=s)).audio)
                for s in range(20))
+
+
+def test_step_and_codec_graphs_replaying_at_once_give_the_codec_audio_of_serial_replays(engine):
+    """The decode step's graphs and the codec's replay at the same time, on two streams. Each set is
+    captured on a stream of its own: a graph keeps the cuBLAS workspace of the stream it was
+    captured on, and with one shared capture stream the two sets raced on it (the H100 server
+    crashed at 64 streams: an illegal instruction, or a segfault in replay)."""
+    if engine.models.placement.device.type != "cuda":
+        pytest.skip("CUDA graphs run on CUDA only")
+    synth = engine._synthesizer
+    runner, codec = synth.runner, synth.codec_runner
+    capture_streams = [runner._capture_stream, codec.stream]
+    assert None not in capture_streams and capture_streams[0] != capture_streams[1]
+    step = runner._graphs[(max(runner.batch_buckets), max(runner.kv_buckets))]
+    chunk = codec._graphs[(max(codec.row_buckets), max(n for _, n in codec._graphs))]
+
+    def replay(concurrently: bool) -> torch.Tensor:
+        codec.decoder.reset()
+        torch.cuda.synchronize()
+        for _ in range(5):
+            codec.stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(codec.stream):
+                chunk.graph.replay()
+            if not concurrently:
+                torch.cuda.synchronize()
+            step.replay()
+        torch.cuda.synchronize()
+        return chunk.audio.clone()
+
+    def compare():
+        np.testing.assert_array_equal(replay(False).cpu().numpy(), replay(True).cpu().numpy())
+        runner.state.positions.zero_()  # idle rows stood still; nothing else to undo
+
+    engine._worker.call(compare)
+    wait_idle(engine)
+    assert engine.synthesize("Still serving.", params=SamplingParams(max_new_tokens=4, seed=1)).audio.size
