@@ -218,6 +218,10 @@ def test_step_and_codec_graphs_replaying_at_once_give_the_codec_audio_of_serial_
         np.testing.assert_array_equal(replay(False).cpu().numpy(), replay(True).cpu().numpy())
         runner.state.positions.zero_()  # idle rows stood still; nothing else to undo
 
+    def request():
+        return engine.synthesize("Still serving the same audio.", params=SamplingParams(max_new_tokens=12, seed=1)).audio
+
+    before = request()
     engine._worker.call(compare)
     wait_idle(engine)
-    assert engine.synthesize("Still serving.", params=SamplingParams(max_new_tokens=4, seed=1)).audio.size
+    np.testing.assert_array_equal(request(), before)  # the replays left nothing behind
