@@ -5,6 +5,7 @@ Validation happens here, in the caller's thread, so bad input never reaches the 
 
 from __future__ import annotations
 
+import math
 import os
 import secrets
 import threading
@@ -67,8 +68,10 @@ class TTSEngine:
             config.max_batch_size,
             bytes_per_slot(c.n_layer, c.n_local_heads, capacity, c.head_dim, models.placement.dtype),
             models.placement.device)
+        codec = models.codec.config
+        reference_frames = math.ceil(config.max_reference_seconds * codec.sample_rate / codec.frame_length)
         self._synthesizer = Synthesizer(models, self.reference_cache, self.policy, config.exact_sampling,
-                                       capacity, self.slots, PREFIX_CACHE_BYTES)
+                                       capacity, self.slots, PREFIX_CACHE_BYTES, reference_frames)
         self.voices = VoiceStore(default_voices_dir(config.voices_dir), max_seconds=config.max_reference_seconds)
         self._worker = GPUWorker(self.slots + config.max_queue, iterate=self._synthesizer.iterate)
         self._stats_lock = threading.Lock()

@@ -12,6 +12,7 @@ at a seam.
 from __future__ import annotations
 
 import hashlib
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -21,12 +22,12 @@ from loguru import logger
 from .compilation import CompilePolicy
 from .errors import InputError
 from .loader import LoadedModels
-from .model.codec_stream import encode_chunked
 from .params import SamplingParams
 from .references import ReferenceCodeCache
 from .runtime.codec_runner import CodecRunner
 from .runtime.kv_cache import KVCache
 from .runtime.prefix_cache import PrefixCache
+from .runtime.reference_encoder import ReferenceEncoder
 from .runtime.scheduler import Scheduler, SequenceSpec
 from .runtime.step_runner import StepRunner
 from .runtime.worker import Job
@@ -55,8 +56,9 @@ class AudioChunk:
 
 class Synthesizer:
     def __init__(self, models: LoadedModels, reference_cache: ReferenceCodeCache, policy: CompilePolicy,
-                 exact_sampling: bool, capacity: int, slots: int, prefix_cache_bytes: int):
-        """capacity: KV positions per sequence; slots: sequences decoded at once."""
+                 exact_sampling: bool, capacity: int, slots: int, prefix_cache_bytes: int, reference_frames: int):
+        """capacity: KV positions per sequence; slots: sequences decoded at once; reference_frames:
+        the longest reference clip, in codec frames."""
         self.models = models
         self.reference_cache = reference_cache
         c = models.model.config
@@ -71,6 +73,7 @@ class Synthesizer:
         self.prefix_cache = PrefixCache(cache, prefix_cache_bytes)
         self.scheduler = Scheduler(self.runner, self.prefix_cache)
         self.codec_runner = CodecRunner(models.codec, slots, self.capacity)
+        self.reference_encoder = ReferenceEncoder(models.codec, REFERENCE_CHUNK_FRAMES, reference_frames)
 
     @property
     def sample_rate(self) -> int:
@@ -82,6 +85,9 @@ class Synthesizer:
         seconds = self.runner.prepare()
         if self.runner.policy.cuda_graphs:
             seconds += self.codec_runner.prepare()
+            started = time.perf_counter()
+            self.reference_encoder.prepare()
+            seconds += time.perf_counter() - started
         return seconds
 
     def encode_reference(self, samples: np.ndarray) -> torch.Tensor:
@@ -89,9 +95,7 @@ class Synthesizer:
 
         In chunks with carried state: the same codes as one whole encode, with the activations of
         one chunk at a time (fp32, like the reference)."""
-        audio = torch.from_numpy(samples).to(self.models.placement.device).view(1, 1, -1)
-        with torch.inference_mode():
-            return encode_chunked(self.models.codec, audio, REFERENCE_CHUNK_FRAMES)[0].cpu()
+        return self.reference_encoder.encode(samples)
 
     def start(self, request: PreparedRequest, job: Job) -> None:
         """On the worker thread: resolve the voice and queue the request's first chunk."""

@@ -10,6 +10,7 @@ one test streams in float64, where only the codec's own fp32 islands (RoPE, RMSN
 import copy
 import dataclasses
 
+import numpy as np
 import pytest
 import torch
 
@@ -362,3 +363,24 @@ def test_rows_stream_independently_and_decode_together(wide_codec):
             dec.decode(a[..., :2].repeat(2, 1, 1), rows=[1, 1])
         with pytest.raises(ValueError, match="distinct indices below 4"):
             dec.decode(a[..., :2], rows=[4])
+
+
+def test_reference_encoder_gives_the_codes_of_a_whole_encode_for_any_clip_length(fixture_codec):
+    """ReferenceEncoder pads every chunk, the last one included, to the same size (what its CUDA
+    graph needs) and cuts the padding's frames; clips over its reserved length go to a fresh
+    encoder. On the CPU in fp32 each equals one whole encode exactly."""
+    from engine.runtime.reference_encoder import ReferenceEncoder
+
+    frame_length = fixture_codec.config.frame_length
+    encoder = ReferenceEncoder(fixture_codec, chunk_frames=4, max_frames=12)
+    gen = torch.Generator().manual_seed(3)
+    # under one chunk, a partial last frame, exactly three chunks, a partial chunk, over max_frames
+    for samples in (frame_length - 5, 3 * frame_length + 7, 12 * frame_length, 10 * frame_length, 15 * frame_length):
+        clip = (0.3 * torch.randn(samples, generator=gen)).numpy()
+        with torch.inference_mode():
+            whole = fixture_codec.encode(torch.from_numpy(clip).view(1, 1, -1))[0]
+        codes = encoder.encode(clip)
+        assert codes.shape == whole.shape, samples
+        assert torch.equal(codes, whole), samples
+    with pytest.raises(ValueError, match="at least one sample"):
+        encoder.encode(np.zeros(0, dtype=np.float32))

@@ -128,6 +128,24 @@ def test_graphed_batched_codec_decodes_each_stream_like_a_lone_decoder():
             assert np.abs(got - alone).max() <= 2e-2 * np.abs(alone).max(), f"stream {slot}"
 
 
+def test_graphed_reference_encoder_gives_the_eager_codes():
+    """The reference encoder's chunk graph against the same encoder run eagerly, clip after clip (the
+    state is reset between clips; the last chunk is padded), and after a clip longer than the graph
+    reserves, which goes to a fresh eager encoder."""
+    from engine.runtime.reference_encoder import ReferenceEncoder
+
+    codec = load_models(EngineConfig(demo=True, device="cuda")).codec
+    frame_length = codec.config.frame_length
+    graphed, eager = ReferenceEncoder(codec, 8, max_frames=40), ReferenceEncoder(codec, 8, max_frames=40)
+    graphed.prepare()
+    gen = np.random.default_rng(0)
+    for frames in (3, 17.5, 40, 55, 24):
+        clip = (0.3 * gen.standard_normal(int(frames * frame_length))).astype(np.float32)
+        expected = eager.encode(clip)
+        assert expected.shape[-1] == int(np.ceil(frames))
+        assert torch.equal(graphed.encode(clip), expected), frames
+
+
 def test_full_size_bf16_compiled_logits_close_to_eager():
     """Full-size random weights: a compiled bf16 slow step + head is no further from the fp32 result
     than the eager bf16 step is (compilation adds no error beyond bf16's own)."""

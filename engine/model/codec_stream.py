@@ -57,7 +57,7 @@ from .codec import (
     weight_norm,
 )
 
-__all__ = ["Rows", "StreamingDecoder", "decode_chunked", "encode_chunked"]
+__all__ = ["Rows", "StreamingDecoder", "StreamingEncoder", "decode_chunked", "encode_chunked"]
 
 MAX_POSITIONS = 2**24  # fp32 represents every integer position up to here
 
@@ -404,17 +404,58 @@ class StreamingDecoder:
     def reserve(self, frames: int) -> None:
         """Build the RoPE tables for streams of up to `frames` frames now, so that no decode call
         grows them (a captured graph replays without the host-side code that would)."""
-        pending = [self._post, self._up, self._dec]
-        while pending:
-            streamer = pending.pop()
-            if isinstance(streamer, _Transformer):
-                streamer._ensure_table(frames)
-            pending.extend(streamer.children())
+        _reserve([self._post, self._up, self._dec], frames)
 
     def _rows(self, rows: Sequence[int], device) -> Rows:
         if len(set(rows)) != len(rows) or any(not 0 <= r < self.batch for r in rows):
             raise ValueError(f"rows must be distinct indices below {self.batch}, got {list(rows)}")
         return Rows.of(rows, device)
+
+
+def _reserve(streamers: list[_Streamer], positions: int) -> None:
+    """Grow every transformer's RoPE table below `streamers` to `positions` rows now."""
+    pending = list(streamers)
+    while pending:
+        streamer = pending.pop()
+        if isinstance(streamer, _Transformer):
+            streamer._ensure_table(positions)
+        pending.extend(streamer.children())
+
+
+class StreamingEncoder:
+    """Encode clips chunk by chunk with carried state: step(audio (B, 1, n)) -> codes (B,
+    num_codebooks, n / frame_length), n a whole number of frames; reset() starts new clips.
+
+    The encode path (encoder, downsample, pre_module) is causal like the decode path, and the VQ
+    works frame by frame, so the codes equal one whole encode while the activations held at once
+    are those of one chunk. Chunks hold whole frames, so every strided conv sees whole strides. A
+    fixed chunk size can be captured in a CUDA graph (reserve() the RoPE tables first).
+    """
+
+    def __init__(self, codec: ModdedDAC, batch: int = 1):
+        cfg, q = codec.config, codec.quantizer
+        self.codec = codec
+        self._encoder = _streamer(codec.encoder, batch, cfg.encoder_transformer.rope_base)
+        self._downsample = _streamer(q.downsample, batch, cfg.quantizer_transformer.rope_base)
+        self._pre_module = _streamer(q.pre_module, batch, cfg.quantizer_transformer.rope_base)
+
+    @torch.no_grad()
+    def step(self, audio: Tensor) -> Tensor:
+        if audio.shape[-1] % self.codec.config.frame_length:
+            raise ValueError(f"a chunk holds whole frames of {self.codec.config.frame_length} samples, "
+                             f"got {audio.shape[-1]}")
+        z = self._encoder.step(audio.to(self.codec.dtype), None)
+        return self.codec.quantizer.quantize_latent(self._pre_module.step(self._downsample.step(z, None), None))
+
+    def reset(self) -> None:
+        for s in (self._encoder, self._downsample, self._pre_module):
+            s.reset(None)
+
+    def reserve(self, frames: int) -> None:
+        """Build the RoPE tables for clips of up to `frames` frames now (see StreamingDecoder.reserve).
+        The encoder's transformer runs at the hop rate (4 positions per frame for S1-mini)."""
+        cfg = self.codec.config
+        _reserve([self._encoder, self._downsample, self._pre_module], frames * cfg.frame_length // cfg.hop_length)
 
 
 def decode_chunked(codec: ModdedDAC, codes: Tensor, chunk_frames: int | Iterable[int]) -> Tensor:
@@ -437,12 +478,9 @@ def decode_chunked(codec: ModdedDAC, codes: Tensor, chunk_frames: int | Iterable
 
 
 def encode_chunked(codec: ModdedDAC, audio: Tensor, chunk_frames: int) -> Tensor:
-    """`codec.encode` of a whole clip, computed chunk_frames frames at a time with carried state.
+    """`codec.encode` of a whole clip, computed chunk_frames frames at a time by a StreamingEncoder.
 
-    The encode path (encoder, downsample, pre_module) is causal like the decode path, and the VQ
-    works frame by frame, so streaming it gives the same codes while the activations held at once
-    are those of one chunk instead of the whole clip (a 10 s reference in fp32 otherwise needs
-    ~0.6 GB of activations). Chunks hold whole frames, so every strided conv sees whole strides.
+    A 10 s reference in fp32 needs ~0.6 GB of activations at once; in chunks, those of one chunk.
     Same codes up to rounding: exact on the CPU in fp32 (tested); on an H100, where cuDNN runs fp32
     convolutions in TF32, chunk sizes 64 and 32 gave a few different codes for a 10 s clip (the sum
     of its codes moved by 0.005 %; 0.07 % with the codec's transformers in int8).
@@ -451,16 +489,8 @@ def encode_chunked(codec: ModdedDAC, audio: Tensor, chunk_frames: int) -> Tensor
         raise ValueError(f"audio must be (B, 1, n) with n > 0, got {tuple(audio.shape)}")
     if chunk_frames < 1:
         raise ValueError(f"chunk_frames must be >= 1, got {chunk_frames}")
-    cfg, q = codec.config, codec.quantizer
-    audio = F.pad(audio, (0, -audio.shape[-1] % cfg.frame_length)).to(codec.dtype)
-    batch = audio.shape[0]
-    encoder = _streamer(codec.encoder, batch, cfg.encoder_transformer.rope_base)
-    downsample = _streamer(q.downsample, batch, cfg.quantizer_transformer.rope_base)
-    pre_module = _streamer(q.pre_module, batch, cfg.quantizer_transformer.rope_base)
-    step = chunk_frames * cfg.frame_length
-    codes = []
-    with torch.no_grad():
-        for start in range(0, audio.shape[-1], step):
-            z = pre_module.step(downsample.step(encoder.step(audio[..., start:start + step], None), None), None)
-            codes.append(q.quantize_latent(z))
-    return torch.cat(codes, -1)
+    frame_length = codec.config.frame_length
+    audio = F.pad(audio, (0, -audio.shape[-1] % frame_length))
+    encoder = StreamingEncoder(codec, batch=audio.shape[0])
+    step = chunk_frames * frame_length
+    return torch.cat([encoder.step(audio[..., start:start + step]) for start in range(0, audio.shape[-1], step)], -1)
