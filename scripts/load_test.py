@@ -171,7 +171,11 @@ def main(argv=None) -> int:
         if ready.status_code != 200:
             raise SystemExit(f"{args.url} is not ready ({ready.status_code}); start the server first")
         add_shared_voices(client, args)
-        one_request(client, -1, args)  # warm: encodes a shared voice once, as a running server would have
+        # Warm: one request of each kind, both saved voices encoded once, as a running server would have.
+        for n in range(4):
+            warm = one_request(client, n, args)
+            if warm["status"] != 200:
+                raise SystemExit(f"the warm-up request failed: {warm}")
         results, offset = [], 0
         for clients in levels:
             results.append(run_level(client, clients, args, offset))
