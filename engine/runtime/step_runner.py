@@ -147,7 +147,8 @@ class StepRunner:
             return 0.0
         started = time.perf_counter()
         if self.policy.compile:
-            self._warm_prefill()
+            self.prefill(0, torch.zeros(self.model.config.num_codebooks + 1, 17, dtype=torch.long,
+                                        device=self.key_positions.device))
             logger.info("prefill compiled in {:.1f} s", time.perf_counter() - started)
         for batch in batch_sizes or self.batch_buckets:
             for kv in self.kv_buckets:
@@ -158,16 +159,6 @@ class StepRunner:
         seconds = time.perf_counter() - started
         logger.info("captured {} CUDA graphs ({}) in {:.1f} s", len(self._graphs), self.policy.describe(), seconds)
         return seconds
-
-    def _warm_prefill(self) -> None:
-        """Compile prefill, then run it at the kinds of ranges requests bring: a prompt from position
-        0, a voice prefix, and the text after a prefix already in the cache, at lengths and offsets
-        with and without factors of 16. Without this the first voice requests after start-up each
-        spent 0.8-1 s in one prefill (H100: the first suffix prefills of the first two voices; no
-        recompile was logged, so presumably Triton specialising kernels on their size arguments)."""
-        prompt = torch.zeros(self.model.config.num_codebooks + 1, 320, dtype=torch.long, device=self.key_positions.device)
-        for start, end in ((0, 17), (0, 16), (0, 231), (231, 270), (0, 256), (256, 320), (0, 97), (97, 101)):
-            self.prefill(0, prompt, start, end)
 
     def _capture(self, batch: int, kv: int) -> None:
         args = (self._views[batch], self.key_positions[:kv])
