@@ -4,10 +4,7 @@ CUDA graphs, compiled callables and grad mode are thread-local, so every tensor 
 engine runs on this thread. Callers submit a job and iterate its results from their own thread.
 The thread alternates between the jobs that arrived (each one's `work` runs at once: set-up calls
 run to completion, requests hand their sequences to the scheduler) and one `iterate()` of the
-engine's decode loop while that has work. While sequences run, the jobs between two iterations
-get about one decode step's time (SETUP_BUDGET_S; a job, once started, runs to its end): a burst of
-requests that each encode a voice clip (~50 ms for 10 s on an H100) would otherwise stall every
-running stream until all were encoded, and their listeners would run out of audio. A job ends when `finish()` is called on it, by its work
+engine's decode loop while that has work. A job ends when `finish()` is called on it, by its work
 or later by whoever carries it on; a failing job reports its exception to its caller and the
 worker carries on.
 """
@@ -16,7 +13,6 @@ from __future__ import annotations
 
 import queue
 import threading
-import time
 from typing import Any, Callable, Iterator
 
 from loguru import logger
@@ -24,7 +20,6 @@ from loguru import logger
 from ..errors import Cancelled, InputError, QueueFullError
 
 _DONE = object()
-SETUP_BUDGET_S = 0.02  # jobs' time between two decode iterations while sequences run
 
 
 class Job:
@@ -121,19 +116,15 @@ class GPUWorker:
             self._in_flight -= 1
 
     def _loop(self) -> None:
-        busy, setup_started = False, None
+        busy = False
         while True:
-            if busy and setup_started is not None and time.perf_counter() - setup_started > SETUP_BUDGET_S:
-                busy, setup_started = self._iterate_safely(), None  # the running streams' turn
-                continue
             try:
                 job = self._queue.get(block=not busy)
             except queue.Empty:
-                busy, setup_started = self._iterate_safely(), None
+                busy = self._iterate_safely()
                 continue
             if job is None:
                 return
-            setup_started = setup_started or time.perf_counter()
             self._run(job)
             job = None  # hold no finished job (its unread output) while the loop waits
             busy = True  # the job may have handed work to the decode loop
