@@ -2,6 +2,7 @@
 """Where a decode frame's time goes: kernels per frame and GPU time per kernel kind.
 
     python scripts/profile_step.py --weights random [--compile on|off] [--quantize int8] [--json out.json]
+                                   [--inductor triton.enable_pdl=True ...]
 
 Times the graphed step (batch 1, one kv bucket), then runs the same step outside CUDA graphs
 under torch.profiler so that every kernel is seen, and prints the kernels per frame, the GPU
@@ -31,10 +32,14 @@ def main(argv=None) -> int:
     p.add_argument("--quantize", default="none", choices=["none", "int8", "int4", "fp8"])
     p.add_argument("--frames", type=int, default=20)
     p.add_argument("--kv", type=int, default=512, help="kv bucket to profile")
+    p.add_argument("--inductor", action="append", default=[], metavar="KEY=VALUE",
+                   help="an Inductor config setting to try, e.g. triton.enable_pdl=True (repeatable)")
     p.add_argument("--json", type=Path)
     args = parse_with_weights(p, argv)
 
     import torch
+    for setting in args.inductor:
+        set_inductor_config(setting)
     from torch.profiler import ProfilerActivity, profile
 
     from engine import compilation
@@ -80,7 +85,7 @@ def main(argv=None) -> int:
         by_name[k.name][1] += k.device_time
     result = {
         "device": torch.cuda.get_device_name(0), "torch": torch.__version__, "compile": policy.describe(),
-        "quantize": args.quantize,
+        "quantize": args.quantize, "inductor": args.inductor,
         "kv_bucket": args.kv, "graphed_ms_per_frame": graphed_ms, "graphed_frames_per_s": 1000 / graphed_ms,
         "kernels_per_frame": len(kernels) / args.frames, "gpu_ms_per_frame": total_us / args.frames / 1000,
         "top_kernels": sorted(((n, cnt / args.frames, t / args.frames) for n, (cnt, t) in by_name.items()),
@@ -95,6 +100,24 @@ def main(argv=None) -> int:
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))
     return 0
+
+
+def set_inductor_config(setting: str) -> None:
+    """'a.b=value' -> torch._inductor.config.a.b = value (value a Python literal)."""
+    import ast
+
+    import torch._inductor.config as config
+
+    key, sep, value = setting.partition("=")
+    if not sep:
+        raise SystemExit(f"--inductor wants KEY=VALUE, got {setting!r}")
+    *path, name = key.split(".")
+    target = config
+    for part in path:
+        target = getattr(target, part)
+    if not hasattr(target, name):
+        raise SystemExit(f"torch._inductor.config has no {key}")
+    setattr(target, name, ast.literal_eval(value))
 
 
 if __name__ == "__main__":

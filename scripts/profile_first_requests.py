@@ -1,0 +1,102 @@
+#!/usr/bin/env python
+"""The first requests after start-up, phase by phase: where does a new server's first audio go?
+
+    python scripts/profile_first_requests.py --weights random [--requests 12] [--json out.json]
+
+Starts an engine (compile and warm-up included), then sends requests one at a time in the order
+scripts/load_test.py uses (a saved voice, a clip of its own, no voice, ...; 10 s tone clips) and
+prints each one's time to first audio and the time of each phase it went through: reference
+encoding, prefill (prefix and text apart), prefix-cache copies. Each phase is timed to the end of
+its GPU work (a device sync after it), so the numbers add up to where the time went.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from weight_options import add_weight_options, parse_with_weights, weight_config  # noqa: E402  (this script's folder)
+
+TEXT = "The quick brown fox jumps over the lazy dog, and then it runs away into the forest."
+KINDS = ("saved_voice", "inline_clip", "no_voice")
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_weight_options(p, demo=True)
+    p.add_argument("--device", default="auto")
+    p.add_argument("--requests", type=int, default=12)
+    p.add_argument("--max-new-tokens", type=int, default=215)
+    p.add_argument("--cache-dir", help="the engine's cache dir (compiled kernels, encoded clips); default: the "
+                                       "engine's. Clips encoded by an earlier run there are not encoded again")
+    p.add_argument("--json", type=Path)
+    args = parse_with_weights(p, argv)
+
+    import numpy as np
+    import torch
+
+    from engine.config import EngineConfig
+    from engine.facade import ReferenceInput, TTSEngine
+    from engine.params import SamplingParams
+
+    started = time.perf_counter()
+    engine = TTSEngine.from_config(EngineConfig(**weight_config(args.weights, args.checkpoint), device=args.device,
+                                                cache_dir=args.cache_dir))
+    engine.warmup()
+    startup_s = time.perf_counter() - started
+    synth = engine._synthesizer
+    cuda = engine.models.placement.device.type == "cuda"
+    phases: list[tuple[str, float]] = []
+
+    def timed(owner, name):
+        original = getattr(owner, name)
+
+        def run(*a, **k):
+            t0 = time.perf_counter()
+            result = original(*a, **k)
+            if cuda:
+                torch.cuda.synchronize()
+            phases.append((name, (time.perf_counter() - t0) * 1000))
+            return result
+
+        setattr(owner, name, run)
+
+    for owner, name in ((synth, "encode_reference"), (synth.runner, "prefill"),
+                        (synth.prefix_cache, "load"), (synth.prefix_cache, "store")):
+        timed(owner, name)
+
+    def tone(pitch, seed):
+        t = np.arange(441000) / 44100
+        noise = np.random.default_rng(seed).standard_normal(len(t))
+        return (0.3 * np.sin(2 * np.pi * pitch * t) + 0.02 * noise).astype(np.float32)
+
+    saved = [tone(140, 0), tone(200, 1)]
+    records = []
+    for n in range(args.requests):
+        kind = KINDS[n % 3]
+        references = {"saved_voice": [ReferenceInput((44100, saved[n % 2]), "A shared reference voice.")],
+                      "inline_clip": [ReferenceInput((44100, tone(110 + 3 * n, n)), "A distinct reference clip.")],
+                      "no_voice": []}[kind]
+        phases.clear()
+        t0, first = time.perf_counter(), None
+        for piece in engine.synthesize_stream(f"{TEXT} This is request number {n}.", references=references,
+                                              params=SamplingParams(max_new_tokens=args.max_new_tokens, seed=n)):
+            if first is None and len(piece):
+                first = (time.perf_counter() - t0) * 1000
+        records.append({"n": n, "kind": kind, "ttfa_ms": first, "phases_ms": list(phases)})
+        print(f"request {n:3d} {kind:12s} TTFA {first or float('nan'):7.1f} ms   "
+              + "  ".join(f"{name} {ms:.1f}" for name, ms in phases))
+    engine.close()
+    if args.json:
+        args.json.write_text(json.dumps({"device": str(engine.models.placement.device), "torch": torch.__version__,
+                                         "startup_s": startup_s, "requests": records}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
