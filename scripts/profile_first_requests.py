@@ -8,6 +8,7 @@ scripts/load_test.py uses (a saved voice, a clip of its own, no voice, ...; 10 s
 prints each one's time to first audio and the time of each phase it went through: reference
 encoding, prefill (prefix and text apart), prefix-cache copies. Each phase is timed to the end of
 its GPU work (a device sync after it), so the numbers add up to where the time went.
+--profile-text-prefill prints the host-side operators of the first prefill after a voice prefix.
 """
 
 from __future__ import annotations
@@ -34,6 +35,9 @@ def main(argv=None) -> int:
     p.add_argument("--max-new-tokens", type=int, default=215)
     p.add_argument("--cache-dir", help="the engine's cache dir (compiled kernels, encoded clips); default: the "
                                        "engine's. Clips encoded by an earlier run there are not encoded again")
+    p.add_argument("--profile-text-prefill", action="store_true",
+                   help="also run the first prefill after a voice prefix under torch.profiler and print its top "
+                        "operators by host time")
     p.add_argument("--json", type=Path)
     args = parse_with_weights(p, argv)
 
@@ -69,6 +73,8 @@ def main(argv=None) -> int:
     for owner, name in ((synth, "encode_reference"), (synth.runner, "prefill"),
                         (synth.prefix_cache, "load"), (synth.prefix_cache, "store")):
         timed(owner, name)
+    if args.profile_text_prefill:
+        profile_first_text_prefill(synth.runner)
 
     def tone(pitch, seed):
         t = np.arange(441000) / 44100
@@ -96,6 +102,26 @@ def main(argv=None) -> int:
         args.json.write_text(json.dumps({"device": str(engine.models.placement.device), "torch": torch.__version__,
                                          "startup_s": startup_s, "requests": records}, indent=2))
     return 0
+
+
+def profile_first_text_prefill(runner) -> None:
+    """Wrap runner.prefill so that its first call after a prefix (start > 0) runs under the profiler."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    timed_prefill, done = runner.prefill, []
+
+    def prefill(slot, prompt, start=0, end=None):
+        if start == 0 or done:
+            return timed_prefill(slot, prompt, start, end)
+        done.append(True)
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+        with profile(activities=activities) as prof:
+            result = timed_prefill(slot, prompt, start, end)
+        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15))
+        return result
+
+    runner.prefill = prefill
 
 
 if __name__ == "__main__":

@@ -92,7 +92,8 @@ def test_profile_first_requests_times_each_phase_of_each_request(tmp_path):
     out = tmp_path / "first.json"
     run = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "profile_first_requests.py"), "--weights", "demo", "--device", "cpu",
-         "--requests", "3", "--max-new-tokens", "8", "--cache-dir", str(tmp_path / "cache"), "--json", str(out)],
+         "--requests", "3", "--max-new-tokens", "8", "--cache-dir", str(tmp_path / "cache"), "--profile-text-prefill",
+         "--json", str(out)],
         capture_output=True, text=True, timeout=300, cwd=ROOT,
     )
     assert run.returncode == 0, run.stderr[-3000:]
@@ -103,3 +104,4 @@ def test_profile_first_requests_times_each_phase_of_each_request(tmp_path):
     assert phases[0] == ["encode_reference", "load", "prefill", "store", "prefill"]
     assert phases[1] == ["encode_reference", "load", "prefill", "store", "prefill"]
     assert phases[2] == ["prefill"]
+    assert run.stdout.count("Self CPU time total") == 1  # the first prefill after a prefix, profiled once
