@@ -36,7 +36,10 @@ from .text.prompt import text_part, voice_prefix
 # Prompts must leave this much context for generation (the reference demands 2048 of its 8192).
 MIN_GENERATION_ROOM = 1024
 SEAM_FADE_SECONDS = 0.01
-REFERENCE_CHUNK_FRAMES = 32  # ~1.5 s of reference audio at a time: 0.1 GB less peak than 64 on an H100, as fast
+REFERENCE_CHUNK_FRAMES = 32  # ~1.5 s of reference audio at a time: on an H100, 0.1 GB less peak than 64 for 9 ms more per 10 s
+# Clips up to this long encode through the chunk graph, whose RoPE tables are sized for them up front
+# (~95 s; a raised max_reference_seconds makes longer clips encode eagerly instead of growing the tables).
+GRAPHED_REFERENCE_FRAMES = 2048
 
 
 @dataclass
@@ -73,7 +76,8 @@ class Synthesizer:
         self.prefix_cache = PrefixCache(cache, prefix_cache_bytes)
         self.scheduler = Scheduler(self.runner, self.prefix_cache)
         self.codec_runner = CodecRunner(models.codec, slots, self.capacity)
-        self.reference_encoder = ReferenceEncoder(models.codec, REFERENCE_CHUNK_FRAMES, reference_frames)
+        self.reference_encoder = ReferenceEncoder(models.codec, REFERENCE_CHUNK_FRAMES,
+                                                  min(reference_frames, GRAPHED_REFERENCE_FRAMES))
 
     @property
     def sample_rate(self) -> int:
