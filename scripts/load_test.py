@@ -140,14 +140,17 @@ def write_html(path: Path, report: dict) -> None:
         f"<tr><td>{lv['streams']}</td><td>{lv['requests']}</td><td>{lv['errors']}</td>"
         f"<td>{lv['audio_s_per_s']:.1f}</td><td>{lv.get('ttfa_ms_p50', float('nan')):.0f}</td>"
         f"<td>{lv.get('ttfa_ms_p95', float('nan')):.0f}</td><td>{lv.get('rtf_p50', float('nan')):.3f}</td>"
-        f"<td>{lv.get('rtf_max', float('nan')):.3f}</td></tr>" for lv in report["levels"])
+        f"<td>{lv.get('rtf_max', float('nan')):.3f}</td><td>{lv.get('streams_with_underrun', 0)}</td>"
+        + "".join(f"<td>{lv['by_voice'].get(kind, {}).get('ttfa_ms_p50', float('nan')):.0f}</td>" for kind in VOICE_KINDS)
+        + "</tr>" for lv in report["levels"])
+    voice_headers = "".join(f"<th>TTFA p50 ms, {kind.replace('_', ' ')}</th>" for kind in VOICE_KINDS)
     env = report["environment"]
     path.write_text(f"""<!doctype html><html><head><meta charset="utf-8"><title>S1-mini load test</title>
 <style>body{{font-family:sans-serif;margin:2em}}td,th{{padding:4px 10px;border-bottom:1px solid #ddd}}</style></head>
 <body><h1>S1-mini Studio load test</h1><p>{report['url']} · client commit {env['commit']} · {env['date']}<br>
 <code>{env['command']}</code></p>
 <table><tr><th>streams</th><th>requests</th><th>errors</th><th>audio-s/s</th><th>TTFA p50 ms</th><th>TTFA p95 ms</th>
-<th>RTF p50</th><th>RTF max</th></tr>{rows}</table><img src="data:image/png;base64,{image}"></body></html>""")
+<th>RTF p50</th><th>RTF max</th><th>streams with an underrun</th>{voice_headers}</tr>{rows}</table><img src="data:image/png;base64,{image}"></body></html>""")
 
 
 def main(argv=None) -> int:
