@@ -30,6 +30,7 @@ from benchmark import environment, level_summary, stream_record, write_reports  
 
 TEXT = "The quick brown fox jumps over the lazy dog, and then it runs away into the forest."
 SHARED_VOICES = ("loadtest-voice-a", "loadtest-voice-b")
+WARM_REQUESTS = 4  # requests 0..3: each kind of voice, both saved voices
 
 
 def tone_wav(seconds: float, pitch: float, seed: int) -> bytes:
@@ -175,11 +176,12 @@ def main(argv=None) -> int:
             raise SystemExit(f"{args.url} is not ready ({ready.status_code}); start the server first")
         add_shared_voices(client, args)
         # Warm: one request of each kind, both saved voices encoded once, as a running server would have.
-        for n in range(4):
+        # Their numbers are not used again: every measured request has its own text and clip.
+        for n in range(WARM_REQUESTS):
             warm = one_request(client, n, args)
             if warm["status"] != 200:
                 raise SystemExit(f"the warm-up request failed: {warm}")
-        results, offset = [], 0
+        results, offset = [], WARM_REQUESTS
         for clients in levels:
             results.append(run_level(client, clients, args, offset))
             offset += clients * args.requests_per_client

@@ -4,7 +4,9 @@
     python scripts/profile_first_requests.py --weights random [--requests 12] [--json out.json]
 
 Starts an engine (compile and warm-up included), then sends requests one at a time in the order
-scripts/load_test.py uses (a saved voice, a clip of its own, no voice, ...; 10 s tone clips) and
+scripts/load_test.py uses (a voice shared by every third request, as a saved voice is: here a clip
+sent again, so its codes and prefix are cached after first use; a clip of its own; no voice; ...;
+10 s tone clips) and
 prints each one's time to first audio and the time of each phase it went through: reference
 encoding, prefill (prefix and text apart), prefix-cache copies. Each phase is timed to the end of
 its GPU work (a device sync after it), so the numbers add up to where the time went.
@@ -23,8 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from weight_options import add_weight_options, parse_with_weights, weight_config  # noqa: E402  (this script's folder)
 
-TEXT = "The quick brown fox jumps over the lazy dog, and then it runs away into the forest."
-KINDS = ("saved_voice", "inline_clip", "no_voice")
+from load_test import TEXT, voice_kind  # noqa: E402  (the same requests as the load test)
 
 
 def main(argv=None) -> int:
@@ -84,7 +85,7 @@ def main(argv=None) -> int:
     saved = [tone(140, 0), tone(200, 1)]
     records = []
     for n in range(args.requests):
-        kind = KINDS[n % 3]
+        kind = voice_kind(n)
         references = {"saved_voice": [ReferenceInput((44100, saved[n % 2]), "A shared reference voice.")],
                       "inline_clip": [ReferenceInput((44100, tone(110 + 3 * n, n)), "A distinct reference clip.")],
                       "no_voice": []}[kind]

@@ -77,7 +77,7 @@ def main(argv=None) -> int:
             torch.cuda.synchronize()
 
     kernels = sorted((e for e in prof.events() if e.device_type.name == "CUDA"), key=lambda e: e.time_range.start)
-    per_frame = len(kernels) // args.frames
+    per_frame = max(len(kernels) // args.frames, 1)
     total_us = sum(e.device_time for e in kernels)
     by_name = defaultdict(lambda: [0, 0.0])
     for k in kernels:
@@ -114,8 +114,8 @@ def set_inductor_config(setting: str) -> None:
     *path, name = key.split(".")
     target = config
     for part in path:
-        target = getattr(target, part)
-    if not hasattr(target, name):
+        target = getattr(target, part, None)
+    if target is None or not hasattr(target, name):
         raise SystemExit(f"torch._inductor.config has no {key}")
     setattr(target, name, ast.literal_eval(value))
 

@@ -84,6 +84,8 @@ def test_profile_step_sets_the_inductor_config_it_is_given(monkeypatch):
     assert config.triton.enable_pdl is True and config.combo_kernels is True
     with pytest.raises(SystemExit, match="no triton.no_such_setting"):
         set_inductor_config("triton.no_such_setting=1")
+    with pytest.raises(SystemExit, match="no no_such_group.setting"):
+        set_inductor_config("no_such_group.setting=1")
     with pytest.raises(SystemExit, match="KEY=VALUE"):
         set_inductor_config("combo_kernels")
 

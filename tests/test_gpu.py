@@ -130,8 +130,9 @@ def test_graphed_batched_codec_decodes_each_stream_like_a_lone_decoder():
 
 def test_graphed_reference_encoder_gives_the_eager_codes():
     """The reference encoder's chunk graph against the same encoder run eagerly, clip after clip (the
-    state is reset between clips; the last chunk is padded), and after a clip longer than the graph
-    reserves, which goes to a fresh eager encoder."""
+    state is reset between clips; the last chunk is padded). The 55-frame clip is longer than the
+    graph reserves, so both encoders run it eagerly: what it checks is the clip after it, that the
+    graph still gives the eager codes once a fresh encoder has handled a long clip."""
     from engine.runtime.reference_encoder import ReferenceEncoder
 
     codec = load_models(EngineConfig(demo=True, device="cuda")).codec

@@ -18,6 +18,9 @@ def test_load_test_drives_the_server_and_reports_each_level(tmp_path):
                                "--html", str(tmp_path / "load.html")]) == 0
     report = json.loads(out.read_text())
     assert [lv["streams"] for lv in report["levels"]] == [1, 3]
+    numbers = [r["n"] for lv in report["levels"] for r in lv["records"]]
+    # Every measured request has its own text, seed and clip, none shared with the warm-up's.
+    assert len(set(numbers)) == len(numbers) and min(numbers) >= load_test.WARM_REQUESTS
     for level in report["levels"]:
         assert level["errors"] == 0 and level["requests"] == 2 * level["streams"]
         assert all(r["status"] == 200 for r in level["records"])

@@ -453,9 +453,11 @@ class StreamingEncoder:
 
     def reserve(self, frames: int) -> None:
         """Build the RoPE tables for clips of up to `frames` frames now (see StreamingDecoder.reserve).
-        The encoder's transformer runs at the hop rate (4 positions per frame for S1-mini)."""
+        The encoder's transformer runs at the hop rate (4 positions per frame for S1-mini), the
+        quantizer's at the frame rate."""
         cfg = self.codec.config
-        _reserve([self._encoder, self._downsample, self._pre_module], frames * cfg.frame_length // cfg.hop_length)
+        _reserve([self._encoder], frames * cfg.frame_length // cfg.hop_length)
+        _reserve([self._downsample, self._pre_module], frames)
 
 
 def decode_chunked(codec: ModdedDAC, codes: Tensor, chunk_frames: int | Iterable[int]) -> Tensor:

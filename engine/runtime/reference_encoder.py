@@ -9,6 +9,8 @@ which the causal encoder sees only after the clip's real frames, whose codes are
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -18,13 +20,17 @@ from ..model.codec_stream import StreamingEncoder, encode_chunked
 
 
 class ReferenceEncoder:
+    """One streaming encoder and, after prepare(), its chunk graph. Stateful: call it from one thread
+    at a time (the engine's GPU worker)."""
+
     def __init__(self, codec: ModdedDAC, chunk_frames: int, max_frames: int):
         """chunk_frames: frames encoded at a time (bounds the activations held at once); max_frames:
         the longest clip, in frames, that a graph replay may encode."""
         self.codec, self.chunk_frames, self.max_frames = codec, chunk_frames, max_frames
         self.device = next(codec.parameters()).device
         self.encoder = StreamingEncoder(codec)
-        self.encoder.reserve(max_frames)
+        # Replays run whole chunks, so the longest clip reaches its last chunk's padded end.
+        self.encoder.reserve(-(-max_frames // chunk_frames) * chunk_frames)
         self._graph: torch.cuda.CUDAGraph | None = None
         self._input: torch.Tensor | None = None
         self._output: torch.Tensor | None = None
@@ -33,9 +39,13 @@ class ReferenceEncoder:
     def chunk_samples(self) -> int:
         return self.chunk_frames * self.codec.config.frame_length
 
-    def prepare(self) -> None:
+    def prepare(self) -> float:
         """Capture the chunk's graph (CUDA only), on a stream of its own: a graph keeps the cuBLAS
-        workspace of the stream it was captured on (see StepRunner._capture)."""
+        workspace of the stream it was captured on (see StepRunner._capture). Returns the seconds
+        it took."""
+        if self.device.type != "cuda":
+            raise RuntimeError(f"CUDA graphs need a CUDA device; the codec is on {self.device}: encode eagerly")
+        started = time.perf_counter()
         self._input = torch.zeros(1, 1, self.chunk_samples, device=self.device)
         stream = torch.cuda.Stream(self.device)
         stream.wait_stream(torch.cuda.current_stream())
@@ -48,6 +58,7 @@ class ReferenceEncoder:
             self._output = self.encoder.step(self._input)
         self._graph = graph
         self.encoder.reset()
+        return time.perf_counter() - started
 
     def encode(self, samples: np.ndarray) -> torch.Tensor:
         """44.1 kHz mono float32 samples -> (num_codebooks, frames) int64 codes on the CPU."""
