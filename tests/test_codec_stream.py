@@ -384,3 +384,15 @@ def test_reference_encoder_gives_the_codes_of_a_whole_encode_for_any_clip_length
         assert torch.equal(codes, whole), samples
     with pytest.raises(ValueError, match="at least one sample"):
         encoder.encode(np.zeros(0, dtype=np.float32))
+    with pytest.raises(RuntimeError, match="need a CUDA device"):
+        encoder.prepare()  # the graph is CUDA's; on the CPU the encoder stays eager
+
+
+def test_streaming_encoder_takes_whole_frames_only(fixture_codec):
+    from engine.model.codec_stream import StreamingEncoder
+
+    frame_length = fixture_codec.config.frame_length
+    encoder = StreamingEncoder(fixture_codec)
+    with pytest.raises(ValueError, match="whole frames"):
+        encoder.step(torch.zeros(1, 1, frame_length + 1))
+    assert encoder.step(torch.zeros(1, 1, 2 * frame_length)).shape == (1, fixture_codec.config.num_codebooks, 2)
