@@ -54,6 +54,18 @@ def voice_kind(n: int) -> str:
     return VOICE_KINDS[n % 3]
 
 
+# The clips: the saved voice number `index`, and request n's own clip (with their transcripts).
+SHARED_TRANSCRIPT, INLINE_TRANSCRIPT = "A shared reference voice.", "A distinct reference clip."
+
+
+def shared_voice_clip(index: int, seconds: float) -> bytes:
+    return tone_wav(seconds, 140 + 60 * index, index)
+
+
+def inline_clip(n: int, seconds: float) -> bytes:
+    return tone_wav(seconds, 110 + (n % 50) * 3, n)
+
+
 def request_body(n: int, args) -> dict:
     body = {"text": f"{TEXT} This is request number {n}.", "streaming": True, "format": "pcm",
             "max_new_tokens": args.max_new_tokens, "seed": n}
@@ -61,8 +73,8 @@ def request_body(n: int, args) -> dict:
     if kind == "saved_voice":
         body["reference_id"] = SHARED_VOICES[n % 2]
     elif kind == "inline_clip":
-        clip = tone_wav(args.reference_seconds, 110 + (n % 50) * 3, n)
-        body["references"] = [{"audio": base64.b64encode(clip).decode(), "text": "A distinct reference clip."}]
+        clip = inline_clip(n, args.reference_seconds)
+        body["references"] = [{"audio": base64.b64encode(clip).decode(), "text": INLINE_TRANSCRIPT}]
     return body
 
 
@@ -103,8 +115,8 @@ def run_level(client, clients: int, args, offset: int) -> dict:
 def add_shared_voices(client, args) -> None:
     for i, voice in enumerate(SHARED_VOICES):
         client.delete("/v1/references/delete", params={"reference_id": voice})  # a rerun starts clean
-        files = {"audio": (f"{voice}.wav", tone_wav(args.reference_seconds, 140 + 60 * i, i), "audio/wav")}
-        response = client.post("/v1/references/add", data={"id": voice, "text": "A shared reference voice."},
+        files = {"audio": (f"{voice}.wav", shared_voice_clip(i, args.reference_seconds), "audio/wav")}
+        response = client.post("/v1/references/add", data={"id": voice, "text": SHARED_TRANSCRIPT},
                                files=files)
         if response.status_code != 200:
             raise SystemExit(f"could not save voice {voice}: {response.status_code} {response.text[:300]}")

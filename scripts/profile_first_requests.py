@@ -6,9 +6,9 @@
 Starts an engine (compile and warm-up included), then sends requests one at a time in the order
 scripts/load_test.py uses (a voice shared by every third request, as a saved voice is: here a clip
 sent again, so its codes and prefix are cached after first use; a clip of its own; no voice; ...;
-10 s tone clips) and
-prints each one's time to first audio and the time of each phase it went through: reference
-encoding, prefill (prefix and text apart), prefix-cache copies. Each phase is timed to the end of
+the load test's own 10 s clips) and prints each one's time to first audio and the time of each
+phase it went through: reference encoding, prefill (prefix and text apart), prefix-cache copies.
+Each phase is timed to the end of
 its GPU work (a device sync after it), so the numbers add up to where the time went.
 --profile-text-prefill prints the host-side operators of the first prefill after a voice prefix.
 """
@@ -25,7 +25,16 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from weight_options import add_weight_options, parse_with_weights, weight_config  # noqa: E402  (this script's folder)
 
-from load_test import TEXT, voice_kind  # noqa: E402  (the same requests as the load test)
+from load_test import (  # noqa: E402  (the same requests as the load test)
+    INLINE_TRANSCRIPT,
+    SHARED_TRANSCRIPT,
+    TEXT,
+    inline_clip,
+    shared_voice_clip,
+    voice_kind,
+)
+
+CLIP_SECONDS = 10.0  # load_test's default --reference-seconds
 
 
 def main(argv=None) -> int:
@@ -42,7 +51,6 @@ def main(argv=None) -> int:
     p.add_argument("--json", type=Path)
     args = parse_with_weights(p, argv)
 
-    import numpy as np
     import torch
 
     from engine.config import EngineConfig
@@ -77,17 +85,12 @@ def main(argv=None) -> int:
     if args.profile_text_prefill:
         profile_first_text_prefill(synth.runner)
 
-    def tone(pitch, seed):
-        t = np.arange(441000) / 44100
-        noise = np.random.default_rng(seed).standard_normal(len(t))
-        return (0.3 * np.sin(2 * np.pi * pitch * t) + 0.02 * noise).astype(np.float32)
-
-    saved = [tone(140, 0), tone(200, 1)]
+    saved = [shared_voice_clip(i, CLIP_SECONDS) for i in range(2)]
     records = []
     for n in range(args.requests):
         kind = voice_kind(n)
-        references = {"saved_voice": [ReferenceInput((44100, saved[n % 2]), "A shared reference voice.")],
-                      "inline_clip": [ReferenceInput((44100, tone(110 + 3 * n, n)), "A distinct reference clip.")],
+        references = {"saved_voice": [ReferenceInput(saved[n % 2], SHARED_TRANSCRIPT)],
+                      "inline_clip": [ReferenceInput(inline_clip(n, CLIP_SECONDS), INLINE_TRANSCRIPT)],
                       "no_voice": []}[kind]
         phases.clear()
         t0, first = time.perf_counter(), None
