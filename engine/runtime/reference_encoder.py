@@ -83,5 +83,4 @@ class ReferenceEncoder:
                 self._input.copy_(chunk)
                 self._graph.replay()
                 codes.append(self._output.clone())
-            self.encoder.reset()
         return torch.cat(codes, -1)[0, :, :frames].cpu()
