@@ -8,8 +8,8 @@ scripts/load_test.py uses (a voice shared by every third request, as a saved voi
 sent again, so its codes and prefix are cached after first use; a clip of its own; no voice; ...;
 the load test's own 10 s clips) and prints each one's time to first audio and the time of each
 phase it went through: reference encoding, prefill (prefix and text apart), prefix-cache copies.
-Each phase is timed to the end of
-its GPU work (a device sync after it), so the numbers add up to where the time went.
+Each phase is timed to the end of its GPU work (a device sync after it), so the numbers add up to
+where the time went.
 --profile-text-prefill prints the host-side operators of the first prefill after a voice prefix.
 """
 
