@@ -105,13 +105,8 @@ def measure_startup(settings: dict) -> dict:
     cache_dir = tempfile.mkdtemp(prefix="bench-compile-cache-")
     runs = []
     for _ in ("cold", "warm"):
-        out = subprocess.run(
-            [sys.executable, __file__, "--phase", "startup", "--cache-dir", cache_dir, *settings_to_argv(settings)],
-            capture_output=True, text=True, timeout=1800, env=startup_env(),
-        )
-        if out.returncode != 0:
-            raise RuntimeError(f"start-up run failed:\n{out.stderr[-4000:]}")
-        runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
+        runs.append(run_phase(["--phase", "startup", "--cache-dir", cache_dir, *settings_to_argv(settings)],
+                              "start-up run", timeout=1800, env=startup_env(), stderr=subprocess.PIPE))
     cold, warm = runs
     return {"cold_compile_s": cold["compile_s"], "cold_to_first_audio_s": cold["to_first_audio_s"],
             "warm_compile_s": warm["compile_s"], "warm_restart_s": warm["to_first_audio_s"],
@@ -313,11 +308,17 @@ def measure_configuration(settings: dict, argv: list[str]) -> dict:
     memory pools stay in the process (on the H100, a configuration measured after another reported
     0.27 GB more after load than alone)."""
     replaced = ("--compare", "--json", "--html", "--checkpoint", *map(_option, SETTINGS))
-    child = [sys.executable, __file__, *_without_options(argv, replaced), *settings_to_argv(settings),
-             "--phase", "measure"]
-    out = subprocess.run(child, stdout=subprocess.PIPE, text=True, timeout=3600)
+    return run_phase([*_without_options(argv, replaced), *settings_to_argv(settings), "--phase", "measure"],
+                     f"measuring {settings}", timeout=3600)
+
+
+def run_phase(args: list[str], what: str, timeout: float, **popen) -> dict:
+    """This script in a fresh process with `args` (one --phase); its last line of output is its JSON
+    result. The child's log goes to the console unless popen captures stderr (then it is in the error)."""
+    out = subprocess.run([sys.executable, __file__, *args], stdout=subprocess.PIPE, text=True, timeout=timeout, **popen)
     if out.returncode != 0:
-        raise RuntimeError(f"measuring {settings} failed (its log is above)")
+        log = f":\n{out.stderr[-4000:]}" if out.stderr is not None else " (its log is above)"
+        raise RuntimeError(f"{what} failed{log}")
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
