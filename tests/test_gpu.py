@@ -128,6 +128,31 @@ def test_graphed_batched_codec_decodes_each_stream_like_a_lone_decoder():
             assert np.abs(got - alone).max() <= 2e-2 * np.abs(alone).max(), f"stream {slot}"
 
 
+def test_prefill_attention_builds_no_cudnn_plan_per_prompt_length(s1_dir, s1_expected):
+    """Prompt lengths vary per request, and cuDNN attention builds an execution plan for each new
+    length (and compiled its first ones for up to ~1 s on the H100), so the runner's prefill keeps
+    to the attention backends that need none. Checked in bf16, where SDPA would pick cuDNN here."""
+    ids = s1_expected["special_ids"]
+    model = load_dual_ar(s1_dir, TokenLayout(ids["semantic_begin"], ids["semantic_end"], ids["im_end"]), "cuda",
+                         torch.bfloat16)
+    prompt = s1_expected["prompt_b"].cuda().long()
+    length = prompt.shape[1] - 1
+
+    def attention_ops(fn) -> set[str]:
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof, torch.inference_mode():
+            fn()
+            torch.cuda.synchronize()
+        return {e.name for e in prof.events() if "attention" in e.name}
+
+    positions = torch.arange(length, device="cuda")[None]
+    unrestricted = attention_ops(lambda: model.forward_slow(prompt[None, :, :length], new_cache(model).views(positions, length)))
+    if not any("cudnn" in name for name in unrestricted):
+        pytest.skip(f"SDPA picks no cuDNN kernel for this prefill on this GPU ({unrestricted}): nothing to avoid")
+    runner = StepRunner(model, new_cache(model), COMPILED_GRAPHS)
+    used = attention_ops(lambda: runner.prefill(0, prompt))
+    assert used and not any("cudnn" in name for name in used), used
+
+
 def test_graphed_reference_encoder_gives_the_eager_codes():
     """The reference encoder's chunk graph against the same encoder run eagerly, clip after clip (the
     state is reset between clips; the last chunk is padded). The 55-frame clip is longer than the

@@ -13,6 +13,7 @@ import time
 import torch
 from loguru import logger
 from torch import Tensor
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from ..compilation import CompilePolicy
 from ..model.dual_ar import DualARTransformer, KVView, call_block
@@ -22,6 +23,11 @@ from .kv_cache import KVCache
 from .sampling import sample
 
 MIN_KV_BUCKET = 256
+# Prefill attention without cuDNN: cuDNN builds an execution plan for every new (query, key) length,
+# ~1.6 ms of host time per layer (45 ms per prefill of a new length), and the first plans of a kind
+# compiled for 0.2-0.9 s (H100, torch 2.11: a new server's first voice request waited ~1 s in one
+# prefill). Prompt lengths vary from request to request; these backends need no per-length plans.
+PREFILL_ATTENTION = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 # Graphs per compiled region: sizes 1 and above-1 of the batch and kv length, each head's width.
 RECOMPILE_LIMIT = 32
 
@@ -201,6 +207,6 @@ class StepRunner:
         end = prompt.shape[1] - 1 if end is None else end
         if end > start:
             positions = torch.arange(start, end, device=prompt.device)[None]
-            with torch.inference_mode():
+            with torch.inference_mode(), sdpa_kernel(PREFILL_ATTENTION):
                 self.model.forward_slow(prompt[None, :, start:end].long(), self.cache.views(positions, end, slot),
                                         self.prefill_block)
