@@ -79,7 +79,36 @@ def quantize_transformer(model: DualARTransformer, mode: str) -> None:
     quantize_, config = _torchao().quantize_, _config(mode)
     for blocks in (model.layers, model.fast_layers):
         quantize_(blocks, config)
+    if mode == "int8":
+        scale_int8_weights_inside_one_row_matmuls(model)
     model.embeddings = Int8RowEmbedding.quantize(model.embeddings)
+
+
+class Int8RowLinear(torch.nn.Linear):
+    """A Linear holding torchao int8 weights (one scale per output row) whose one-row matmuls, when
+    compiled, multiply the scale into the weights inside the matrix-vector reduction.
+
+    torchao scales the matmul's output instead; in a compiled batch-1 step that extra multiply kept
+    Inductor from fusing the q/k norms with RoPE and the KV writes (six kernels per slow layer where
+    bf16 takes three, which ate int8's faster matmuls: H100, docs/PERFORMANCE.md). Scaled inside the
+    reduction, the product stays in fp32 and the output is the bf16 path's: the same fusions follow.
+    Batched rows and eager calls keep torchao's matmul (a dequantized weight matrix would be
+    written out whole there)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if torch.compiler.is_compiling() and x.shape[:-1].numel() == 1:
+            weight = self.weight.qdata.to(x.dtype) * self.weight.scale.to(x.dtype).reshape(-1, 1)
+            return torch.nn.functional.linear(x, weight, self.bias)
+        return super().forward(x)
+
+
+def scale_int8_weights_inside_one_row_matmuls(model: DualARTransformer) -> None:
+    """Give the int8 Linear layers of the transformer blocks Int8RowLinear's forward (same
+    parameters and state dict: only the class changes)."""
+    for blocks in (model.layers, model.fast_layers):
+        for module in blocks.modules():
+            if type(module) is torch.nn.Linear:
+                module.__class__ = Int8RowLinear
 
 
 class Int8RowEmbedding(torch.nn.Module):
@@ -221,6 +250,8 @@ def load_quantized(directory: Path, layout: TokenLayout, mode: str, placement: P
         model.embeddings = Int8RowEmbedding.empty_like(model.embeddings)
     check_state_matches(model, state, str(directory / "model.pth"))
     model.load_state_dict({k: v.to(placement.device) for k, v in state.items()}, strict=True, assign=True)
+    if mode == "int8":
+        scale_int8_weights_inside_one_row_matmuls(model)
     model.reset_buffers(placement.device)
     return model.eval().requires_grad_(False)
 
