@@ -86,20 +86,23 @@ def quantize_transformer(model: DualARTransformer, mode: str) -> None:
 
 class Int8RowLinear(torch.nn.Linear):
     """A Linear holding torchao int8 weights (one scale per output row) whose one-row matmuls, when
-    compiled, multiply the scale into the weights inside the matrix-vector reduction.
+    compiled, are written out as one reduction over the int8 weights with the scale applied to
+    its fp32 sums.
 
-    torchao scales the matmul's output instead; in a compiled batch-1 step that extra multiply kept
-    Inductor from fusing the q/k norms with RoPE and the KV writes (six kernels per slow layer where
-    bf16 takes three, which ate int8's faster matmuls: H100, docs/PERFORMANCE.md). Scaled inside the
-    reduction, the product stays in fp32 and the output is the bf16 path's: the same fusions follow.
-    Batched rows and eager calls keep torchao's matmul (a dequantized weight matrix would be
-    written out whole there)."""
+    torchao's matmul rounds the product to bf16 and then multiplies it by the scale; in a compiled
+    batch-1 step that separate multiply kept Inductor from fusing the q/k norms with RoPE and the KV
+    writes (six kernels per slow layer where bf16 takes three: H100, docs/PERFORMANCE.md). Scaling
+    the weights inside the reduction instead fused like bf16 but cost a multiply per weight (the
+    gate/up matmul 9.1 us against bf16's 7.0). Batched rows and eager calls keep torchao's matmul."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if torch.compiler.is_compiling() and x.shape[:-1].numel() == 1:
-            weight = self.weight.qdata.to(x.dtype) * self.weight.scale.to(x.dtype).reshape(-1, 1)
-            return torch.nn.functional.linear(x, weight, self.bias)
-        return super().forward(x)
+        if not (torch.compiler.is_compiling() and x.shape[:-1].numel() == 1):
+            return super().forward(x)
+        sums = (x.unsqueeze(-2).float() * self.weight.qdata.float()).sum(-1)  # (..., out): fp32, like cuBLAS
+        out = sums * self.weight.scale.float().reshape(-1)
+        if self.bias is not None:
+            out = out + self.bias.float()
+        return out.to(x.dtype)
 
 
 def scale_int8_weights_inside_one_row_matmuls(model: DualARTransformer) -> None:
