@@ -86,20 +86,20 @@ def quantize_transformer(model: DualARTransformer, mode: str) -> None:
 
 class Int8RowLinear(torch.nn.Linear):
     """A Linear holding torchao int8 weights (one scale per output row) whose one-row matmuls, when
-    compiled, are written out as one reduction over the int8 weights with the scale applied to
-    its fp32 sums.
+    compiled, are written out as one fp32 reduction over the int8 weights times their row scales.
 
-    torchao's matmul rounds the product to bf16 and then multiplies it by the scale; in a compiled
-    batch-1 step that separate multiply kept Inductor from fusing the q/k norms with RoPE and the KV
-    writes (six kernels per slow layer where bf16 takes three: H100, docs/PERFORMANCE.md). Scaling
-    the weights inside the reduction instead fused like bf16 but cost a multiply per weight (the
-    gate/up matmul 9.1 us against bf16's 7.0). Batched rows and eager calls keep torchao's matmul."""
+    torchao's matmul rounds the product to bf16 and then multiplies it by the scale. In a compiled
+    batch-1 step that multiply, a pointwise op that Inductor inlines into each user of the QKV
+    output, kept it from fusing the q/k norms with RoPE and the KV writes (six kernels per slow
+    layer where bf16 takes three: H100, docs/PERFORMANCE.md); so did scaling the fp32 sums after
+    the reduction. With the scale inside the reduction, its output is what the bf16 path's is.
+    Batched rows and eager calls keep torchao's matmul."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not (torch.compiler.is_compiling() and x.shape[:-1].numel() == 1):
             return super().forward(x)
-        sums = (x.unsqueeze(-2).float() * self.weight.qdata.float()).sum(-1)  # (..., out): fp32, like cuBLAS
-        out = sums * self.weight.scale.float().reshape(-1)
+        weight = self.weight.qdata.float() * self.weight.scale.float().reshape(-1, 1)  # fused into the loads
+        out = (x.unsqueeze(-2).float() * weight).sum(-1)  # (..., out) in fp32, like cuBLAS
         if self.bias is not None:
             out = out + self.bias.float()
         return out.to(x.dtype)

@@ -160,8 +160,8 @@ def test_full_size_logits_and_layers_stay_close(device, mode):
 
 def test_compiled_one_row_int8_matmul_is_our_reduction_and_batched_rows_keep_torchaos_matmul(s1_dir, tiny_layout):
     """Int8RowLinear under torch.compile: a one-row input is summed over the int8 weights themselves
-    (their qdata is in the graph) and scaled in fp32, so the result is the exact product's within
-    fp32 rounding; a batched input runs torchao's matmul as in eager."""
+    (their qdata is in the graph) times their scales in fp32, so the result is the exact product's
+    within fp32 rounding; a batched input runs torchao's matmul as in eager."""
     model = load_dual_ar(s1_dir, tiny_layout, "cpu", torch.float32).fuse_()
     quantize_transformer(model, "int8")
     linears = [m for blocks in (model.layers, model.fast_layers) for m in blocks.modules()
