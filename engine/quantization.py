@@ -79,39 +79,7 @@ def quantize_transformer(model: DualARTransformer, mode: str) -> None:
     quantize_, config = _torchao().quantize_, _config(mode)
     for blocks in (model.layers, model.fast_layers):
         quantize_(blocks, config)
-    if mode == "int8":
-        scale_int8_weights_inside_one_row_matmuls(model)
     model.embeddings = Int8RowEmbedding.quantize(model.embeddings)
-
-
-class Int8RowLinear(torch.nn.Linear):
-    """A Linear holding torchao int8 weights (one scale per output row) whose one-row matmuls, when
-    compiled, are written out as one fp32 reduction over the int8 weights times their row scales.
-
-    torchao's matmul rounds the product to bf16 and then multiplies it by the scale. In a compiled
-    batch-1 step that multiply, a pointwise op that Inductor inlines into each user of the QKV
-    output, kept it from fusing the q/k norms with RoPE and the KV writes (six kernels per slow
-    layer where bf16 takes three: H100, docs/PERFORMANCE.md); so did scaling the fp32 sums after
-    the reduction. With the scale inside the reduction, its output is what the bf16 path's is.
-    Batched rows and eager calls keep torchao's matmul."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not (torch.compiler.is_compiling() and x.shape[:-1].numel() == 1):
-            return super().forward(x)
-        weight = self.weight.qdata.float() * self.weight.scale.float().reshape(-1, 1)  # fused into the loads
-        out = (x.unsqueeze(-2).float() * weight).sum(-1)  # (..., out) in fp32, like cuBLAS
-        if self.bias is not None:
-            out = out + self.bias.float()
-        return out.to(x.dtype)
-
-
-def scale_int8_weights_inside_one_row_matmuls(model: DualARTransformer) -> None:
-    """Give the int8 Linear layers of the transformer blocks Int8RowLinear's forward (same
-    parameters and state dict: only the class changes)."""
-    for blocks in (model.layers, model.fast_layers):
-        for module in blocks.modules():
-            if type(module) is torch.nn.Linear:
-                module.__class__ = Int8RowLinear
 
 
 class Int8RowEmbedding(torch.nn.Module):
@@ -253,8 +221,6 @@ def load_quantized(directory: Path, layout: TokenLayout, mode: str, placement: P
         model.embeddings = Int8RowEmbedding.empty_like(model.embeddings)
     check_state_matches(model, state, str(directory / "model.pth"))
     model.load_state_dict({k: v.to(placement.device) for k, v in state.items()}, strict=True, assign=True)
-    if mode == "int8":
-        scale_int8_weights_inside_one_row_matmuls(model)
     model.reset_buffers(placement.device)
     return model.eval().requires_grad_(False)
 

@@ -26,8 +26,7 @@ from engine.model.codec import load_codec
 from engine.model.codec_config import CodecConfig
 from engine.model.dual_ar import DualARConfig, TokenLayout
 from engine.model.loading import load_dual_ar, random_dual_ar
-from engine.quantization import (INFO_FILE, Int8RowEmbedding, Int8RowLinear, load_quantized, quantize_codec,
-                                 quantize_transformer)
+from engine.quantization import INFO_FILE, Int8RowEmbedding, load_quantized, quantize_codec, quantize_transformer
 from engine.runtime.generate import new_fast_cache
 from engine.runtime.kv_cache import KVCache
 from engine.text.tokenizer import S1Tokenizer
@@ -158,30 +157,6 @@ def test_full_size_logits_and_layers_stay_close(device, mode):
             assert error <= LAYER_ERROR_BOUNDS[mode], f"{prefix}.{name}: relative error {error:.4f}"
 
 
-def test_compiled_one_row_int8_matmul_is_our_reduction_and_batched_rows_keep_torchaos_matmul(s1_dir, tiny_layout):
-    """Int8RowLinear under torch.compile: a one-row input is summed over the int8 weights themselves
-    (their qdata is in the graph) times their scales in fp32, so the result is the exact product's
-    within fp32 rounding; a batched input runs torchao's matmul as in eager."""
-    model = load_dual_ar(s1_dir, tiny_layout, "cpu", torch.float32).fuse_()
-    quantize_transformer(model, "int8")
-    linears = [m for blocks in (model.layers, model.fast_layers) for m in blocks.modules()
-               if isinstance(m, torch.nn.Linear)]
-    assert linears and all(type(m) is Int8RowLinear for m in linears)
-    linear = model.layers[0].feed_forward.w2
-    weight = linear.weight
-    exact_weight = weight.qdata.double() * weight.scale.double().reshape(-1, 1)
-    graphs = []
-    compiled = torch.compile(linear, fullgraph=True, backend=lambda gm, _: graphs.append(gm) or gm)
-    gen = torch.Generator().manual_seed(0)
-    one_row = torch.randn(1, 1, weight.shape[1], generator=gen)
-    torch.testing.assert_close(compiled(one_row).double(), F.linear(one_row.double(), exact_weight),
-                               rtol=1e-5, atol=1e-5)
-    assert any("qdata" in node.name for node in graphs[0].graph.nodes)
-    rows = torch.randn(3, 1, weight.shape[1], generator=gen)
-    with torch.inference_mode():
-        assert torch.equal(compiled(rows), linear(rows))
-
-
 def test_int8_token_embeddings_read_the_right_rows_within_half_a_step():
     gen = torch.Generator().manual_seed(0)
     table = torch.nn.Embedding(40_000, 64)
@@ -250,7 +225,6 @@ def test_saved_int8_checkpoint_loads_as_saved_and_matches_quantizing_in_memory(
     monkeypatch.setattr("engine.loader.quantize_models", no_quantizing)
     saved = load_models(EngineConfig(checkpoint=str(int8_checkpoint), quantize="int8", device="cpu"))
     assert type(saved.model.layers[0].feed_forward.w13.weight).__name__ == "Int8Tensor"
-    assert type(saved.model.layers[0].feed_forward.w13) is Int8RowLinear
     assert type(saved.model.output.weight) is torch.nn.Parameter  # heads stay plain
     columns = s1_expected["fwd_sequence"]
     assert all(torch.equal(a, b) for a, b in zip(head_logits(saved.model, columns), head_logits(in_memory.model, columns)))
