@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """The first requests after start-up, phase by phase: where does a new server's first audio go?
 
-    python scripts/profile_first_requests.py --weights random [--requests 12] [--json out.json]
+    python scripts/profile_first_requests.py --weights random [--quantize int8] [--requests 12] [--json out.json]
 
 Starts an engine (compile and warm-up included), then sends requests one at a time in the order
 scripts/load_test.py uses (a voice shared by every third request, as a saved voice is: here a clip
@@ -41,6 +41,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_weight_options(p, demo=True)
     p.add_argument("--device", default="auto")
+    p.add_argument("--quantize", default="none", choices=["none", "int8", "int4", "fp8"])
     p.add_argument("--requests", type=int, default=12)
     p.add_argument("--max-new-tokens", type=int, default=215)
     p.add_argument("--cache-dir", help="the engine's cache dir (compiled kernels, encoded clips); default: the "
@@ -59,7 +60,7 @@ def main(argv=None) -> int:
 
     started = time.perf_counter()
     engine = TTSEngine.from_config(EngineConfig(**weight_config(args.weights, args.checkpoint), device=args.device,
-                                                cache_dir=args.cache_dir))
+                                                quantize=args.quantize, cache_dir=args.cache_dir))
     engine.warmup()
     startup_s = time.perf_counter() - started
     synth = engine._synthesizer
