@@ -30,6 +30,7 @@ from loguru import logger
 
 from ..model.codec import ModdedDAC
 from ..model.codec_stream import Rows, StreamingDecoder
+from .cuda_graphs import capture
 from .scheduler import BLOCK, BLOCK_SIZES, Harvest
 from .step_runner import bucket_for, buckets_up_to
 
@@ -77,27 +78,22 @@ class CodecRunner:
         with torch.inference_mode():
             for bucket in self.row_buckets:
                 for n in BLOCK_SIZES:
-                    codes = torch.zeros(bucket, self.num_codebooks, n, dtype=torch.long, device=self.device)
-                    index = torch.full((bucket,), self.rows, dtype=torch.long, device=self.device)
-                    rows = Rows(index, np.full(bucket, self.rows))
-                    self.stream.wait_stream(torch.cuda.current_stream())
-                    with torch.cuda.stream(self.stream):
-                        for _ in range(2):
-                            self.decoder.decode_rows(codes, rows)
-                    torch.cuda.current_stream().wait_stream(self.stream)
-                    graph = torch.cuda.CUDAGraph()
-                    # Captured on the codec's stream, not torch.cuda.graph's shared default: a
-                    # graph keeps the cuBLAS workspace of the stream it was captured on, and the
-                    # decode step's graphs replay beside these (see StepRunner._capture).
-                    with torch.cuda.graph(graph, pool=pool, stream=self.stream):
-                        audio = self.decoder.decode_rows(codes, rows)[:, 0]
-                    pool = graph.pool()
-                    self._graphs[(bucket, n)] = _Graph(graph, codes, index, audio)
+                    pool = self._capture(bucket, n, pool)
         self.decoder.reset()
         torch.cuda.synchronize()
         seconds = time.perf_counter() - started
         logger.info("captured {} codec CUDA graphs in {:.1f} s", len(self._graphs), seconds)
         return seconds
+
+    def _capture(self, bucket: int, n: int, pool):
+        """Capture the graph decoding n frames for `bucket` rows (all the spare row while capturing),
+        into `pool`; returns the pool for the next capture."""
+        codes = torch.zeros(bucket, self.num_codebooks, n, dtype=torch.long, device=self.device)
+        index = torch.full((bucket,), self.rows, dtype=torch.long, device=self.device)
+        rows = Rows(index, np.full(bucket, self.rows))
+        graph, audio = capture(lambda: self.decoder.decode_rows(codes, rows)[:, 0], self.stream, pool)
+        self._graphs[(bucket, n)] = _Graph(graph, codes, index, audio)
+        return graph.pool()
 
     def _decode(self, codes: torch.Tensor, rows: list[int], last: bool = False) -> torch.Tensor:
         """(b, n * frame_length) audio for codes (b, num_codebooks, n) on the current stream.

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 
 from ..model.codec import ModdedDAC
 from ..model.codec_stream import StreamingEncoder, encode_chunked
+from .cuda_graphs import capture
 
 
 class ReferenceEncoder:
@@ -40,22 +41,14 @@ class ReferenceEncoder:
         return self.chunk_frames * self.codec.config.frame_length
 
     def prepare(self) -> float:
-        """Capture the chunk's graph (CUDA only), on a stream of its own: a graph keeps the cuBLAS
-        workspace of the stream it was captured on (see StepRunner._capture). Returns the seconds
-        it took."""
+        """Capture the chunk's graph (CUDA only) on a stream of its own (see cuda_graphs.capture).
+        Returns the seconds it took."""
         if self.device.type != "cuda":
             raise RuntimeError(f"CUDA graphs need a CUDA device; the codec is on {self.device}: encode eagerly")
         started = time.perf_counter()
         self._input = torch.zeros(1, 1, self.chunk_samples, device=self.device)
-        stream = torch.cuda.Stream(self.device)
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream), torch.inference_mode():
-            for _ in range(2):  # settle lazy initialisation (cuDNN plans, cuBLAS handles) before capture
-                self.encoder.step(self._input)
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, stream=stream), torch.inference_mode():
-            self._output = self.encoder.step(self._input)
+        with torch.inference_mode():
+            graph, self._output = capture(lambda: self.encoder.step(self._input), torch.cuda.Stream(self.device))
         self._graph = graph
         self.encoder.reset()
         return time.perf_counter() - started

@@ -17,6 +17,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from ..compilation import CompilePolicy
 from ..model.dual_ar import DualARTransformer, KVView, call_block
+from .cuda_graphs import capture
 from .decode_step import DecodeState, decode_step
 from .generate import FullVocabHead, SemanticHead, StepOps
 from .kv_cache import KVCache
@@ -118,7 +119,7 @@ class StepRunner:
         self._step = self._build_step()
         self._graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
         self._pool = None
-        self._capture_stream = None  # see _capture
+        self._capture_stream = None  # every step graph is captured on this one stream (see cuda_graphs.capture)
 
     def _build_step(self):
         # Regional compilation: one compiled transformer block serves all 28 slow layers, one the 4
@@ -169,20 +170,9 @@ class StepRunner:
     def _capture(self, batch: int, kv: int) -> None:
         args = (self._views[batch], self.key_positions[:kv])
         self.state.positions.zero_()
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side), torch.inference_mode():
-            for _ in range(2):  # compiles on first use; the second run settles lazy initialisation
-                self._step(*args)
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        # A capture stream of our own: cuBLAS's workspace belongs to the capturing stream and is
-        # baked into the graph. On torch.cuda.graph's one default stream, the codec's graphs got
-        # the same workspace, and a step and a codec chunk replaying at once on their two streams
-        # crashed the process (H100, 64 streams: illegal instruction, or a segfault in replay).
         self._capture_stream = self._capture_stream or torch.cuda.Stream()
-        with torch.cuda.graph(graph, pool=self._pool, stream=self._capture_stream), torch.inference_mode():
-            self._step(*args)
+        with torch.inference_mode():  # the first warm-up call compiles this bucket's regions
+            graph, _ = capture(lambda: self._step(*args), self._capture_stream, self._pool)
         self._pool = graph.pool()
         self._graphs[(batch, kv)] = graph
 
