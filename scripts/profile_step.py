@@ -1,8 +1,8 @@
 #!/usr/bin/env python
 """Where a decode frame's time goes: kernels per frame and GPU time per kernel kind.
 
-    python scripts/profile_step.py --weights random [--compile on|off] [--quantize int8] [--json out.json]
-                                   [--inductor triton.enable_pdl=True ...]
+    python scripts/profile_step.py --weights random [--compile on|off] [--quantize int8] [--pdl on|off] [--json out.json]
+                                   [--inductor combo_kernels=True ...]
 
 Times the graphed step (batch 1, one kv bucket), then runs the same step outside CUDA graphs
 under torch.profiler so that every kernel is seen, and prints the kernels per frame, the GPU
@@ -13,6 +13,7 @@ kernels in launch order.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -30,10 +31,12 @@ def main(argv=None) -> int:
     p.add_argument("--compile", default="on", choices=["on", "off"])
     p.add_argument("--compile-mode", default="default", choices=["default", "max-autotune"])
     p.add_argument("--quantize", default="none", choices=["none", "int8", "int4", "fp8"])
+    p.add_argument("--pdl", default="on", choices=["on", "off"],
+                   help="programmatic dependent launch between Triton kernels (the engine's default: on)")
     p.add_argument("--frames", type=int, default=20)
     p.add_argument("--kv", type=int, default=512, help="kv bucket to profile")
     p.add_argument("--inductor", action="append", default=[], metavar="KEY=VALUE",
-                   help="an Inductor config setting to try, e.g. triton.enable_pdl=True (repeatable)")
+                   help="an Inductor config setting to try, e.g. combo_kernels=True (repeatable)")
     p.add_argument("--json", type=Path)
     args = parse_with_weights(p, argv)
 
@@ -53,8 +56,8 @@ def main(argv=None) -> int:
     model = models.model
     c = model.config
     cache = KVCache(c.n_layer, 1, c.n_local_heads, 4096, c.head_dim, models.placement.dtype, "cuda")
-    policy = compilation.decide(args.compile, torch.device("cuda"), compile_mode=args.compile_mode,
-                                  quantize=args.quantize)
+    policy = dataclasses.replace(compilation.decide(args.compile, torch.device("cuda"), compile_mode=args.compile_mode,
+                                                    quantize=args.quantize), pdl=args.pdl == "on")
     runner = StepRunner(model, cache, policy)
     runner.prepare([1])
     runner.state.start(0, torch.zeros(c.num_codebooks + 1, dtype=torch.long, device="cuda"), 100, 0.8, 0.8, 1.1, 1)
@@ -85,7 +88,7 @@ def main(argv=None) -> int:
         by_name[k.name][1] += k.device_time
     result = {
         "device": torch.cuda.get_device_name(0), "torch": torch.__version__, "compile": policy.describe(),
-        "quantize": args.quantize, "inductor": args.inductor,
+        "quantize": args.quantize, "pdl": args.pdl, "inductor": args.inductor,
         "kv_bucket": args.kv, "graphed_ms_per_frame": graphed_ms, "graphed_frames_per_s": 1000 / graphed_ms,
         "kernels_per_frame": len(kernels) / args.frames, "gpu_ms_per_frame": total_us / args.frames / 1000,
         "top_kernels": sorted(((n, cnt / args.frames, t / args.frames) for n, (cnt, t) in by_name.items()),

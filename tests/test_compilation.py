@@ -1,5 +1,6 @@
 """The compile policy: every platform gets a decision and a reason, never a crash."""
 
+import dataclasses
 import os
 import shutil
 
@@ -46,16 +47,28 @@ def test_cpu_and_mps_run_eager_whatever_is_asked(device, mode):
     assert device in policy.reason
 
 
+PDL = {"triton.enable_pdl": True}  # on by default (Inductor applies it on compute capability 9.0+ only)
+
+
 def test_max_autotune_mode_turns_on_inductor_tuning_and_default_mode_does_not():
     policy = decide("auto", CUDA, LINUX_TRITON, compile_mode="max-autotune")
-    assert policy.inductor_options == {"coordinate_descent_tuning": True, "max_autotune": True}
-    assert decide("auto", CUDA, LINUX_TRITON).inductor_options == {}
+    assert policy.inductor_options == {"coordinate_descent_tuning": True, "max_autotune": True, **PDL}
+    assert decide("auto", CUDA, LINUX_TRITON).inductor_options == PDL
 
 
 def test_int8_weights_turn_off_the_pattern_that_picks_a_slow_int8_matmul_kernel():
-    assert decide("auto", CUDA, LINUX_TRITON, quantize="int8").inductor_options == {"pattern_matcher": False}
+    assert decide("auto", CUDA, LINUX_TRITON, quantize="int8").inductor_options == {"pattern_matcher": False, **PDL}
     for mode in ("none", "int4", "fp8"):
-        assert decide("auto", CUDA, LINUX_TRITON, quantize=mode).inductor_options == {}
+        assert decide("auto", CUDA, LINUX_TRITON, quantize=mode).inductor_options == PDL
+
+
+def test_pdl_can_be_turned_off_and_every_option_is_a_real_inductor_setting():
+    import torch._inductor.config as inductor_config
+
+    policy = decide("auto", CUDA, LINUX_TRITON, compile_mode="max-autotune", quantize="int8")
+    assert "triton.enable_pdl" not in dataclasses.replace(policy, pdl=False).inductor_options
+    with inductor_config.patch(policy.inductor_options):  # raises on an unknown setting
+        assert inductor_config.triton.enable_pdl
 
 
 @pytest.mark.parametrize("weight_dtype", [torch.float32, torch.bfloat16])
