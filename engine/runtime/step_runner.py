@@ -25,9 +25,9 @@ from .sampling import sample
 
 MIN_KV_BUCKET = 256
 # Prefill attention without cuDNN: cuDNN builds an execution plan for every new (query, key) length,
-# ~1.6 ms of host time per layer (45 ms per prefill of a new length), and the first plans of a kind
-# compiled for 0.2-0.9 s (H100, torch 2.11: a new server's first voice request waited ~1 s in one
-# prefill). Prompt lengths vary from request to request; these backends need no per-length plans.
+# ~1.6 ms of host time per layer (45 ms per prefill of a new length), and a trace of a new server's
+# first voice request showed ~1 s in one prefill building the first plans (H100, torch 2.11). Prompt
+# lengths vary from request to request; these backends need no per-length plans.
 PREFILL_ATTENTION = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 # Graphs per compiled region: sizes 1 and above-1 of the batch and kv length, each head's width.
 RECOMPILE_LIMIT = 32
