@@ -52,7 +52,7 @@ class CompilePolicy:
     reason: str
     mode: str = "default"  # torch.compile mode: default | max-autotune (graphs are ours, so never theirs)
     int8_weights: bool = False  # the transformer runs torchao int8 weights (--quantize int8)
-    pdl: bool = True  # programmatic dependent launch between Triton kernels (Hopper and newer)
+    pdl: bool = True  # programmatic dependent launch between Triton kernels (Hopper and newer); see decide()
 
     @property
     def inductor_options(self) -> dict:
@@ -61,8 +61,8 @@ class CompilePolicy:
         tuning at the first start, cached after.
 
         PDL lets a Triton kernel launch while the kernel before it finishes (a batch-1 frame is ~1,000
-        small kernels: 326 -> 334 frames/s on an H100). Inductor enables it only on compute
-        capability 9.0+ and keeps it safe: a kernel waits for its predecessor before touching what
+        small kernels: 326 -> 334 frames/s on an H100; prefill is compiled with it too). Inductor
+        enables it only on compute capability 9.0+ and keeps it safe: a kernel waits for its predecessor before touching what
         that one writes (or writing what it reads), and lets its own successor start only after
         that wait, so everything older than its predecessor has finished before it starts.
 
@@ -131,7 +131,9 @@ def decide(mode: str, device: torch.device, env: Environment | None = None,
             raise DeviceError("--compile needs Triton, which is not installed here (on Windows: pip install "
                               "triton-windows matching your torch); use --no-compile to run eager")
         return CompilePolicy(False, True, f"no Triton on {env.os}: eager step in CUDA graphs")
-    return CompilePolicy(True, True, f"CUDA with Triton {env.triton} on {env.os}", compile_mode, quantize == "int8")
+    # Inductor's own switch turns PDL off here too (our backend would otherwise set it over the user's choice).
+    pdl = os.environ.get("TORCHINDUCTOR_ENABLE_PDL", "1") != "0"
+    return CompilePolicy(True, True, f"CUDA with Triton {env.triton} on {env.os}", compile_mode, quantize == "int8", pdl)
 
 
 def _inductor_default_cache_dir() -> str | None:
