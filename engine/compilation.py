@@ -62,9 +62,10 @@ class CompilePolicy:
 
         PDL lets a Triton kernel launch while the kernel before it finishes (a batch-1 frame is ~1,000
         small kernels: 326 -> 334 frames/s on an H100; prefill is compiled with it too). Inductor
-        enables it only on compute capability 9.0+ and keeps it safe: a kernel waits for its predecessor before touching what
-        that one writes (or writing what it reads), and lets its own successor start only after
-        that wait, so everything older than its predecessor has finished before it starts.
+        enables it only on compute capability 9.0+ and keeps it safe: a kernel waits for its
+        predecessor before touching what that one writes (or writing what it reads), and lets its
+        own successor start only after that wait, so everything older than its predecessor has
+        finished before it starts.
 
         With int8 weights Inductor's pattern matcher is off: it rewrites every int8 matmul of more
         than one row (prefill, batched decode) into aten._weight_int8pack_mm, whose CUDA kernel is

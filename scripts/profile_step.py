@@ -1,8 +1,8 @@
 #!/usr/bin/env python
 """Where a decode frame's time goes: kernels per frame and GPU time per kernel kind.
 
-    python scripts/profile_step.py --weights random [--compile on|off] [--quantize int8] [--pdl on|off] [--json out.json]
-                                   [--inductor combo_kernels=True ...]
+    python scripts/profile_step.py --weights random [--compile on|off] [--quantize int8] [--pdl on|off]
+                                   [--inductor combo_kernels=True ...] [--json out.json]
 
 Times the graphed step (batch 1, one kv bucket), then runs the same step outside CUDA graphs
 under torch.profiler so that every kernel is seen, and prints the kernels per frame, the GPU
