@@ -46,6 +46,9 @@ class Metrics:
         self.queue_depth = Gauge(f"{PREFIX}_requests_waiting", "Requests waiting for the engine.", registry=r)
         self.running = Gauge(f"{PREFIX}_requests_running", "Requests the engine is generating.", registry=r)
         self.slots = Gauge(f"{PREFIX}_sequence_slots", "Sequences the engine decodes at once (KV slots).", registry=r)
+        self.slots_ready = Gauge(f"{PREFIX}_sequence_slots_ready", "Sequences that can run at once now: reaches "
+                                 "sequence_slots once the larger batches' graphs are captured after start-up.",
+                                 registry=r)
         self.prefix_hits = Gauge(f"{PREFIX}_voice_prefix_hits", "Requests whose voice prefix KV was reused.",
                                  registry=r)
         self.frames_per_s = Gauge(f"{PREFIX}_frames_per_second", "Decode speed of the last request.", registry=r)
@@ -71,6 +74,7 @@ class Metrics:
         self.queue_depth.set(stats.get("queue_depth") or 0)
         self.running.set(stats.get("running") or 0)
         self.slots.set(stats.get("slots") or 0)
+        self.slots_ready.set(stats.get("slots_ready") or 0)
         self.prefix_hits.set((stats.get("prefix_cache") or {}).get("hits") or 0)
         self.frames_per_s.set(stats.get("frames_per_s") or 0)
         self.memory.set((stats.get("memory_gb") or 0) * _BYTES_PER_GB)

@@ -131,14 +131,31 @@ class TTSEngine:
                 future.result()  # re-raises what is not the item's own fault (e.g. the engine is closed)
         return results
 
+    def prepare(self) -> float:
+        """Compile and capture what one running request needs (on the worker thread, which owns
+        every graph); the graphs of larger batches follow while the worker has nothing else to do,
+        or when more requests arrive than can run (see Scheduler). Returns the seconds it took."""
+
+        def prepare_then_capture_more() -> float:
+            seconds = self._synthesizer.prepare()
+            self._worker.when_idle(self._synthesizer.capture_more)
+            return seconds
+
+        return self._worker.call(prepare_then_capture_more)
+
     def warmup(self) -> None:
-        """Compile and capture the decode step (on the worker thread, which owns every graph), then
-        run one short request end to end."""
+        """prepare(), then one short request end to end: the engine is ready."""
         started = time.perf_counter()
-        self._worker.call(self._synthesizer.prepare)
+        self.prepare()
         self.synthesize(WARMUP_TEXT, params=SamplingParams(max_new_tokens=32, seed=0))
         self.is_ready = True
         logger.info("warm-up done in {:.1f} s", time.perf_counter() - started)
+
+    def capture_all(self) -> float:
+        """Capture every remaining batch graph now (benchmarks, tests); returns the seconds it took."""
+        started = time.perf_counter()
+        self._worker.call(lambda: self._synthesizer.capture_more(up_to=self.slots))
+        return time.perf_counter() - started
 
     def _stream_chunks(self, text, references, voice, params, stats: dict) -> Iterator[AudioChunk]:
         request = self._prepare(text, references, voice, params)
@@ -209,6 +226,7 @@ class TTSEngine:
             "queue_depth": max(self._worker.in_flight - scheduler.running, 0),
             "running": scheduler.running,
             "slots": self.slots,
+            "slots_ready": min(self._synthesizer.runner.ready_slots, self.slots),
             "prefix_cache": self._synthesizer.prefix_cache.stats(),
             "frames_per_s": self._last_frames_per_s,
             "ready": self.is_ready,

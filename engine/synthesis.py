@@ -83,12 +83,32 @@ class Synthesizer:
         return self.models.codec.config.sample_rate
 
     def prepare(self) -> float:
-        """On the worker thread, before any request: compile and capture the decode step's graphs
-        and the codec's. Returns the seconds it took."""
-        seconds = self.runner.prepare()
+        """On the worker thread, before any request: compile, and capture the graphs of one running
+        sequence (decode step, codec, reference encoder); the larger batches follow as
+        `capture_more` captures them. Returns the seconds it took."""
+        seconds = self.runner.prepare([1])
         if self.runner.policy.cuda_graphs:
-            seconds += self.codec_runner.prepare() + self.reference_encoder.prepare()
+            seconds += self.codec_runner.prepare([1]) + self.reference_encoder.prepare()
         return seconds
+
+    def capture_more(self, up_to: int = 0) -> bool:
+        """Capture the next batch bucket's step and codec graphs, and the following ones until `up_to`
+        rows are ready; only while nothing runs. Returns whether buckets remain to capture.
+
+        A failed capture is logged and ends capturing: the batches captured before it keep serving."""
+        while self.runner.pending_batches:
+            batch = self.runner.pending_batches[0]
+            try:
+                seconds = self.runner.prepare([batch]) + self.codec_runner.prepare([batch])
+            except Exception:
+                logger.exception("capturing the graphs of batch {} failed; serving at most {} sequences at once",
+                                 batch, self.runner.ready_slots)
+                return False
+            logger.info("graphs of batch {} captured in {:.1f} s ({} of {} sequences can run at once)",
+                        batch, seconds, self.runner.ready_slots, self.scheduler.n_slots)
+            if self.runner.ready_slots >= up_to:
+                break
+        return bool(self.runner.pending_batches)
 
     def encode_reference(self, samples: np.ndarray) -> torch.Tensor:
         """Runs on the worker thread (via the cache): 44.1 kHz samples -> (num_codebooks, T) codes.
@@ -104,6 +124,8 @@ class Synthesizer:
     def iterate(self) -> bool:
         """One scheduler iteration; its harvest goes to the codec, finished audio to its requests.
         True while work remains."""
+        if self.scheduler.needs_capture and self.scheduler.drained and not self.codec_runner.pending:
+            self.capture_more(up_to=self.scheduler.demand)  # drained for it (see Scheduler)
         harvests = []
         try:
             harvests = self.scheduler.iteration()

@@ -166,6 +166,21 @@ def write_html(path: Path, report: dict) -> None:
 <th>RTF p50</th><th>RTF max</th><th>streams with an underrun</th>{voice_headers}</tr>{rows}</table><img src="data:image/png;base64,{image}"></body></html>""")
 
 
+def wait_for_all_slots(client, limit_s: float = 900.0) -> None:
+    """A server captures its larger batches' graphs after it is ready; measure once it has them all."""
+    deadline = time.monotonic() + limit_s
+    while True:
+        ready = client.get("/ready").json()
+        if ready.get("slots_ready") is None or ready["slots_ready"] >= ready["slots"]:
+            return
+        if time.monotonic() > deadline:
+            raise SystemExit(f"the server still runs at most {ready['slots_ready']} of {ready['slots']} sequences "
+                             f"at once after {limit_s:.0f} s; see its log")
+        print(f"waiting for the server's batch graphs: {ready['slots_ready']} of {ready['slots']} sequences "
+              "at once so far", file=sys.stderr)
+        time.sleep(2.0)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--url", default="http://127.0.0.1:7860")
@@ -186,6 +201,7 @@ def main(argv=None) -> int:
         ready = client.get("/ready")
         if ready.status_code != 200:
             raise SystemExit(f"{args.url} is not ready ({ready.status_code}); start the server first")
+        wait_for_all_slots(client)
         add_shared_voices(client, args)
         # Warm: one request of each kind, both saved voices encoded once, as a running server would have.
         # Their numbers are not used again: every measured request has its own text and clip.

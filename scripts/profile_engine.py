@@ -53,6 +53,7 @@ def main(argv=None) -> int:
     engine = TTSEngine.from_config(EngineConfig(**weight_config(args.weights, args.checkpoint),
                                                 max_batch_size=max(int(x) for x in args.levels.split(","))))
     engine.warmup()
+    engine.capture_all()
     synth = engine._synthesizer
     totals: dict = defaultdict(float)
     timed_method(synth, "iterate", totals, "iterate (all)")

@@ -13,6 +13,7 @@ import torch
 from engine.config import EngineConfig
 from engine.facade import ReferenceInput, TTSEngine
 from engine.params import SamplingParams
+from engine.runtime import worker as worker_module
 from engine.runtime.worker import Job
 from engine.text.splitter import split_text
 from engine.synthesis import RequestRun
@@ -27,7 +28,8 @@ def engine(request, tmp_path_factory):
     engine = TTSEngine.from_config(EngineConfig(demo=True, device=request.param, precision="fp32", max_batch_size=8,
                                                 max_queue=64, cache_dir=str(root / "cache"),
                                                 voices_dir=str(root / "voices")))
-    engine.warmup()  # on CUDA: compile and capture every graph before measuring memory
+    engine.warmup()
+    engine.capture_all()  # on CUDA: every batch's graphs, before the leak test measures memory
     yield engine
     engine.close()
 
@@ -225,3 +227,35 @@ def test_step_and_codec_graphs_replaying_at_once_give_the_codec_audio_of_serial_
     engine._worker.call(compare)
     wait_idle(engine)
     np.testing.assert_array_equal(request(), before)  # the replays left nothing behind
+
+
+@pytest.mark.gpu
+def test_a_new_engine_captures_larger_batches_when_demanded_or_idle(tmp_path, monkeypatch):
+    """Ready with batch 1's graphs alone: eight requests at once drain the batch, the graphs up to
+    eight rows are captured, and each request gets the audio it gets alone; the last bucket (16)
+    is captured once the worker is idle."""
+    monkeypatch.setattr(worker_module, "IDLE_AFTER_S", 1e6)  # no idle capture until the test allows it
+    engine = TTSEngine.from_config(EngineConfig(demo=True, device="cuda", precision="fp32", max_batch_size=16,
+                                                cache_dir=str(tmp_path / "cache"), voices_dir=str(tmp_path / "voices")))
+    try:
+        engine.warmup()
+        assert engine.stats()["slots_ready"] == 1
+        params = [SamplingParams(max_new_tokens=6 + i, seed=200 + i) for i in range(8)]
+        texts = [f"Request {i} of a fresh engine." for i in range(8)]
+        alone = [engine.synthesize(t, params=p).audio for t, p in zip(texts, params)]
+        assert engine.stats()["slots_ready"] == 1
+        with ThreadPoolExecutor(8) as pool:
+            together = list(pool.map(lambda i: engine.synthesize(texts[i], params=params[i]).audio, range(8)))
+        assert engine.stats()["slots_ready"] == 8
+        for a, b in zip(alone, together):
+            assert a.shape == b.shape
+            np.testing.assert_allclose(a, b, rtol=0, atol=1e-4)
+        monkeypatch.setattr(worker_module, "IDLE_AFTER_S", 0.1)
+        engine._worker.call(lambda: None)  # wakes the worker, which then waits the new quiet time
+        deadline = time.monotonic() + 300
+        while engine.stats()["slots_ready"] < 16:
+            assert time.monotonic() < deadline, "the idle worker did not capture batch 16"
+            time.sleep(0.1)
+        np.testing.assert_allclose(engine.synthesize(texts[0], params=params[0]).audio, alone[0], rtol=0, atol=1e-4)
+    finally:
+        engine.close()

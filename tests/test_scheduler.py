@@ -152,3 +152,67 @@ def test_a_sequence_that_cannot_start_fails_alone(model, specs):
     run_until_idle(scheduler)
     assert isinstance(bad.error, ValueError) and "no room" in str(bad.error)
     assert good.finished and torch.equal(good.codes, alone(model, specs[3]).codes)
+
+
+class PartlyCaptured(StepRunner):
+    """A runner whose graphs exist for `ready` rows so far, with `pending` batch buckets to capture."""
+
+    ready: int = 1
+    pending: list[int] = []
+
+    @property
+    def ready_slots(self) -> int:
+        return self.ready
+
+    @property
+    def pending_batches(self) -> list[int]:
+        return self.pending
+
+
+def partly_captured_scheduler(model, slots, ready, pending):
+    c = model.config
+    cache = KVCache(c.n_layer, slots, c.n_local_heads, CAPACITY, c.head_dim, torch.float32, "cpu")
+    runner = PartlyCaptured(model, cache, EAGER)
+    runner.ready, runner.pending = ready, pending
+    return Scheduler(runner, PrefixCache(cache, 1 << 30), max_admit_per_step=4)
+
+
+def test_more_sequences_than_captured_graphs_drain_the_batch_for_a_capture(model, specs):
+    scheduler = partly_captured_scheduler(model, 4, ready=1, pending=[2, 4])
+    owners = [Collector() for _ in range(3)]
+    scheduler.submit(specs[0], owners[0])
+    scheduler.iteration()
+    assert scheduler.running == 1 and not scheduler.needs_capture  # one sequence: batch 1's graphs serve it
+    for spec, owner in zip(specs[1:3], owners[1:]):
+        scheduler.submit(spec, owner)
+    assert scheduler.needs_capture and scheduler.demand == 3
+    # While draining, nothing is admitted; the running sequence finishes.
+    while not scheduler.drained:
+        for h in scheduler.iteration():
+            h.owner.take(h.codes, h.first, h.final)
+        assert scheduler.waiting == 2 and scheduler.running <= 1
+    assert owners[0].finished and owners[0].error is None
+    # The caller captures batches 2 and 4: both waiting sequences run together.
+    scheduler.runner.ready, scheduler.runner.pending = 4, []
+    assert not scheduler.needs_capture
+    scheduler.iteration()
+    assert scheduler.running == 2 and scheduler.waiting == 0
+    run_until_idle(scheduler, lambda i: None)
+    assert all(o.finished and o.error is None for o in owners)
+
+
+def test_without_graphs_for_more_rows_sequences_wait_for_a_free_captured_row(model, specs):
+    """A capture failed (nothing pending): at most `ready` sequences run, the rest wait their turn."""
+    scheduler = partly_captured_scheduler(model, 4, ready=2, pending=[])
+    owners = [Collector() for _ in range(4)]
+    for spec, owner in zip(specs, owners):
+        scheduler.submit(spec, owner)
+    most = 0
+
+    def watch(i):
+        nonlocal most
+        most = max(most, scheduler.running)
+
+    run_until_idle(scheduler, watch)
+    assert most == 2 and not scheduler.needs_capture
+    assert all(o.finished and o.error is None for o in owners)

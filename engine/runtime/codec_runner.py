@@ -69,20 +69,22 @@ class CodecRunner:
         self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         self._pending: deque[_Pending] = deque()
         self._graphs: dict[tuple[int, int], _Graph] = {}
+        self._pool = None  # every codec graph shares one memory pool
         self.row_buckets = buckets_up_to(rows, 1)
 
-    def prepare(self) -> float:
-        """Capture a graph per (row bucket, chunk length); CUDA only. Returns the seconds it took."""
+    def prepare(self, row_buckets: list[int] | None = None) -> float:
+        """Capture a graph per chunk length for each row bucket (all by default); CUDA only, and
+        only while nothing is pending. Returns the seconds it took."""
         started = time.perf_counter()
-        pool = None
+        captured = len(self._graphs)
         with torch.inference_mode():
-            for bucket in self.row_buckets:
+            for bucket in row_buckets or self.row_buckets:
                 for n in BLOCK_SIZES:
-                    pool = self._capture(bucket, n, pool)
+                    self._pool = self._capture(bucket, n, self._pool)
         self.decoder.reset()
         torch.cuda.synchronize()
         seconds = time.perf_counter() - started
-        logger.info("captured {} codec CUDA graphs in {:.1f} s", len(self._graphs), seconds)
+        logger.info("captured {} codec CUDA graphs in {:.1f} s", len(self._graphs) - captured, seconds)
         return seconds
 
     def _capture(self, bucket: int, n: int, pool):

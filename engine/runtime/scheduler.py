@@ -4,7 +4,10 @@ leave as soon as they finish or their caller goes away.
 One `iteration()` (on the GPU worker thread):
   1. drops cancelled sequences, running or waiting, freeing their slots at once;
   2. admits waiting sequences into free slots: their prompt is prefilled (the voice prefix copied
-     from the prefix cache when it is there) and their row of the decode state started;
+     from the prefix cache when it is there) and their row of the decode state started; at most
+     as many sequences run as the runner has graphs for (`ready_slots`), and while more are asking
+     than that and larger batch graphs are still to capture, none is admitted: the running ones
+     finish, and the caller captures the graphs the demand needs (`needs_capture`);
   3. runs one batched decode step for every slot up to the highest one in use (a CUDA-graph
      replay for the batch and kv-length buckets; idle rows inside the bucket stand still);
   4. every so often reads back how many frames each slot has before `<|im_end|>`, and hands out
@@ -139,6 +142,21 @@ class Scheduler:
     def free_slots(self) -> int:
         return self.n_slots - len(self._running)
 
+    @property
+    def drained(self) -> bool:
+        """No sequence running and no step's read-back outstanding: graphs may be captured."""
+        return not self._running and self._snapshot is None
+
+    @property
+    def demand(self) -> int:
+        """Sequences running or waiting, up to the number of slots."""
+        return min(len(self._running) + len(self._waiting), self.n_slots)
+
+    @property
+    def needs_capture(self) -> bool:
+        """More sequences ask to run than the runner's graphs can step, and it can capture more."""
+        return self.demand > self.runner.ready_slots and bool(self.runner.pending_batches)
+
     # ---- one iteration ------------------------------------------------------------------------
 
     def iteration(self) -> list[Harvest]:
@@ -171,8 +189,12 @@ class Scheduler:
             self._waiting = keep
 
     def _admit(self) -> None:
+        if self.needs_capture:
+            return  # drain: the caller captures larger batch graphs once nothing runs
+        # At least one row: without any graph, the step itself reports what is missing.
+        limit = min(self.n_slots, max(self.runner.ready_slots, 1))
         admitted = 0
-        while self._waiting and len(self._running) < self.n_slots and admitted < self.max_admit_per_step:
+        while self._waiting and len(self._running) < limit and admitted < self.max_admit_per_step:
             spec, owner = self._waiting.popleft()
             slot = min(set(range(self.n_slots)) - self._running.keys())
             try:

@@ -1,8 +1,10 @@
 """Runs the batched decode step: eager, or as CUDA graphs captured per (batch, kv-length) bucket.
 
-All graphs are captured up front by `prepare()` (at warm-up, on the worker thread): warm-up calls
-mutate the decode state, which must not happen while sequences are running. Attention reads only
-the first kv bucket of positions, the smallest bucket holding every live position.
+Graphs are captured by `prepare()` on the worker thread, one batch bucket (all its kv buckets) at
+a time: batch 1 at warm-up, the larger buckets when the engine is idle or the scheduler has drained
+for them (see Scheduler.needs_capture). Capture's warm-up calls mutate the decode state, so it runs
+only while no sequence is running. Attention reads only the first kv bucket of positions, the
+smallest bucket holding every live position.
 """
 
 from __future__ import annotations
@@ -118,6 +120,8 @@ class StepRunner:
         self._views = {b: self.state.rows(b) for b in self.batch_buckets}
         self._step = self._build_step()
         self._graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
+        self._prefill_compiled = False
+        self._capture_failed = False  # a capture failed: the batches captured before it are all there will be
         self._pool = None
         self._capture_stream = None  # every step graph is captured on this one stream (see cuda_graphs.capture)
 
@@ -149,23 +153,53 @@ class StepRunner:
     # ---- graphs -------------------------------------------------------------------------------
 
     def prepare(self, batch_sizes: list[int] | None = None) -> float:
-        """Compile prefill and capture every (batch, kv) bucket; returns the seconds it took."""
+        """Compile prefill (first call) and capture every kv bucket of the given batch buckets (all
+        by default); returns the seconds it took. Only while no sequence is running."""
         if not self.policy.cuda_graphs:
             return 0.0
         started = time.perf_counter()
-        if self.policy.compile:
+        if self.policy.compile and not self._prefill_compiled:
             self.prefill(0, torch.zeros(self.model.config.num_codebooks + 1, 17, dtype=torch.long,
                                         device=self.key_positions.device))
+            self._prefill_compiled = True
             logger.info("prefill compiled in {:.1f} s", time.perf_counter() - started)
-        for batch in batch_sizes or self.batch_buckets:
-            for kv in self.kv_buckets:
-                bucket_started = time.perf_counter()
-                self._capture(batch, kv)
-                logger.debug("graph for batch {} kv {} in {:.2f} s", batch, kv, time.perf_counter() - bucket_started)
-        self.state.positions.zero_()
+        try:
+            for batch in batch_sizes or self.batch_buckets:
+                for kv in self.kv_buckets:
+                    bucket_started = time.perf_counter()
+                    self._capture(batch, kv)
+                    logger.debug("graph for batch {} kv {} in {:.2f} s", batch, kv, time.perf_counter() - bucket_started)
+        except Exception:
+            self._capture_failed = True
+            raise
+        finally:
+            self.state.positions.zero_()
         seconds = time.perf_counter() - started
         logger.info("captured {} CUDA graphs ({}) in {:.1f} s", len(self._graphs), self.policy.describe(), seconds)
         return seconds
+
+    @property
+    def pending_batches(self) -> list[int]:
+        """Batch buckets still to capture (none without CUDA graphs, or after a failed capture)."""
+        if not self.policy.cuda_graphs or self._capture_failed:
+            return []
+        return [b for b in self.batch_buckets if not self._has_batch(b)]
+
+    @property
+    def ready_slots(self) -> int:
+        """Rows that can step together now: every slot when eager, else the largest batch bucket up
+        to which every bucket's graphs are captured (0 before the first)."""
+        if not self.policy.cuda_graphs:
+            return self.cache.n_slots
+        ready = 0
+        for batch in self.batch_buckets:
+            if not self._has_batch(batch):
+                break
+            ready = batch
+        return ready
+
+    def _has_batch(self, batch: int) -> bool:
+        return all((batch, kv) in self._graphs for kv in self.kv_buckets)
 
     def _capture(self, batch: int, kv: int) -> None:
         args = (self._views[batch], self.key_positions[:kv])

@@ -4,7 +4,9 @@ CUDA graphs, compiled callables and grad mode are thread-local, so every tensor 
 engine runs on this thread. Callers submit a job and iterate its results from their own thread.
 The thread alternates between the jobs that arrived (each one's `work` runs at once: set-up calls
 run to completion, requests hand their sequences to the scheduler) and one `iterate()` of the
-engine's decode loop while that has work. A job ends when `finish()` is called on it, by its work
+engine's decode loop while that has work. With nothing to do for IDLE_AFTER_S, it runs the
+background work given to `when_idle` (capturing larger batch graphs), one unit between checks of
+its queue, until none is left. A job ends when `finish()` is called on it, by its work
 or later by whoever carries it on; a failing job reports its exception to its caller and the
 worker carries on.
 """
@@ -20,6 +22,7 @@ from loguru import logger
 from ..errors import Cancelled, InputError, QueueFullError
 
 _DONE = object()
+IDLE_AFTER_S = 1.0  # quiet time before background work starts: a request that follows another does not wait for it
 
 
 class Job:
@@ -77,6 +80,7 @@ class GPUWorker:
     def __init__(self, capacity: int, iterate: Callable[[], bool] = lambda: False, name: str = "s1-gpu-worker"):
         self.capacity = capacity
         self._iterate = iterate
+        self._idle: Callable[[], bool] | None = None
         self._queue: queue.Queue[Job | None] = queue.Queue()
         self._in_flight = 0
         self._lock = threading.Lock()
@@ -102,6 +106,11 @@ class GPUWorker:
 
         return next(iter(self.submit(work).results()))
 
+    def when_idle(self, work: Callable[[], bool]) -> None:
+        """Call from a job on this worker: run `work` (one unit per call, returning whether more
+        remains) whenever the worker has nothing else to do, until it returns False."""
+        self._idle = work
+
     @property
     def in_flight(self) -> int:
         """Jobs accepted and not finished: requests running or waiting for a slot."""
@@ -116,18 +125,27 @@ class GPUWorker:
             self._in_flight -= 1
 
     def _loop(self) -> None:
-        busy = False
+        busy, quiet = False, False
         while True:
+            # Busy: poll between iterations. Idle work left: wait IDLE_AFTER_S for a job the first
+            # time, then poll between its units. Otherwise: sleep until a job arrives.
+            idle = self._idle is not None and not busy
+            timeout = (0 if quiet else IDLE_AFTER_S) if idle else None
             try:
-                job = self._queue.get(block=not busy)
+                job = self._queue.get(block=not busy, timeout=timeout)
             except queue.Empty:
-                busy = self._iterate_safely()
+                if busy:
+                    busy = self._iterate_safely()
+                else:
+                    quiet = True
+                    if not self._guarded(self._idle, "background work"):
+                        self._idle = None
                 continue
             if job is None:
                 return
             self._run(job)
             job = None  # hold no finished job (its unread output) while the loop waits
-            busy = True  # the job may have handed work to the decode loop
+            busy, quiet = True, False  # the job may have handed work to the decode loop
 
     def _run(self, job: Job) -> None:
         if job.cancelled:
@@ -141,8 +159,12 @@ class GPUWorker:
             job.finish(exc)
 
     def _iterate_safely(self) -> bool:
+        return self._guarded(self._iterate, "decode loop iteration")
+
+    @staticmethod
+    def _guarded(fn: Callable[[], bool], what: str) -> bool:
         try:
-            return self._iterate()
+            return fn()
         except Exception:  # the loop's own error handling failed: keep the thread alive
-            logger.exception("decode loop iteration failed")
+            logger.exception("{} failed", what)
             return False

@@ -1,0 +1,73 @@
+"""The GPU worker's background work: it runs only while the worker has nothing else to do."""
+
+import threading
+import time
+
+from engine.runtime import worker as worker_module
+from engine.runtime.worker import GPUWorker
+
+
+def test_idle_work_runs_in_units_until_done_and_jobs_go_first(monkeypatch):
+    monkeypatch.setattr(worker_module, "IDLE_AFTER_S", 0.05)
+    units: list[str] = []
+    release = threading.Event()
+
+    def one_unit() -> bool:
+        units.append(threading.current_thread().name)
+        release.wait(5)  # the first unit holds the worker until the test lets it go
+        return len(units) < 3
+
+    worker = GPUWorker(capacity=4)
+    try:
+        worker.call(lambda: worker.when_idle(one_unit))
+        deadline = time.monotonic() + 5
+        while not units:
+            assert time.monotonic() < deadline, "idle work never started"
+            time.sleep(0.01)
+        job = worker.submit(lambda j: (j.emit("served"), j.finish()))  # arrives during the first unit
+        release.set()
+        assert list(job.results()) == ["served"]
+        assert len(units) == 1, "the waiting job ran after the unit in progress, before the next one"
+        deadline = time.monotonic() + 5
+        while len(units) < 3:
+            assert time.monotonic() < deadline, f"idle work stopped early: {units}"
+            time.sleep(0.01)
+        time.sleep(0.2)
+        assert len(units) == 3  # it said it was done: not called again
+        assert set(units) == {"s1-gpu-worker"}
+    finally:
+        worker.close()
+
+
+def test_idle_work_waits_for_a_quiet_worker(monkeypatch):
+    monkeypatch.setattr(worker_module, "IDLE_AFTER_S", 0.3)
+    calls: list[float] = []
+    worker = GPUWorker(capacity=4)
+    try:
+        registered = time.monotonic()
+        worker.call(lambda: worker.when_idle(lambda: calls.append(time.monotonic()) or False))
+        deadline = time.monotonic() + 5
+        while not calls:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert calls[0] - registered >= 0.3
+    finally:
+        worker.close()
+
+
+def test_failing_idle_work_is_logged_and_dropped_and_the_worker_serves_on(monkeypatch):
+    monkeypatch.setattr(worker_module, "IDLE_AFTER_S", 0.01)
+    calls = []
+
+    def broken() -> bool:
+        calls.append(1)
+        raise RuntimeError("capture failed")
+
+    worker = GPUWorker(capacity=4)
+    try:
+        worker.call(lambda: worker.when_idle(broken))
+        time.sleep(0.3)
+        assert worker.call(lambda: "still here") == "still here"
+        assert calls == [1]
+    finally:
+        worker.close()
