@@ -59,8 +59,11 @@ def _row_matmul_op():
 
 
 def int8_row_matmul(x: Tensor, weight: Tensor, scale: Tensor) -> Tensor:
-    """x (K,) contiguous, weight (N, K) int8 contiguous, scale (N,) -> (N,): sum_k x[k] weight[n, k] * scale[n]."""
-    return _row_matmul_op()(x, weight, scale)
+    """x (K,) contiguous, weight (N, K) int8 contiguous, scale (N,) -> (N,): sum_k x[k] weight[n, k] * scale[n].
+    Compiled code calls torch.ops.s1mini.int8_row_matmul, which this registers (Dynamo must not trace
+    the registration)."""
+    _row_matmul_op()
+    return torch.ops.s1mini.int8_row_matmul(x, weight, scale)
 
 
 class Int8RowKernelLinear(nn.Module):
@@ -76,16 +79,19 @@ class Int8RowKernelLinear(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         if math.prod(x.shape[:-1]) != 1:
             return F.linear(x, self.weight, self.bias)
-        y = int8_row_matmul(x.reshape(-1), self.qdata, self.row_scale).view(*x.shape[:-1], -1)
+        y = torch.ops.s1mini.int8_row_matmul(x.reshape(-1), self.qdata, self.row_scale).view(*x.shape[:-1], -1)
         return y if self.bias is None else y + self.bias
 
 
 def use_int8_row_kernel(module: nn.Module) -> int:
-    """Swap every per-row int8 Linear under `module` for Int8RowKernelLinear; returns how many."""
+    """Swap every per-row int8 Linear under `module` for Int8RowKernelLinear; returns how many.
+    On CUDA this registers the kernel's op first: compiled code must find it, not trace its making."""
     swapped = 0
     for parent in list(module.modules()):
         for name, child in list(parent.named_children()):
             if type(child) is nn.Linear and _per_row_int8(child.weight):
+                if child.weight.qdata.is_cuda:
+                    _row_matmul_op()
                 setattr(parent, name, Int8RowKernelLinear(child))
                 swapped += 1
     return swapped
