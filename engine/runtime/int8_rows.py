@@ -31,7 +31,8 @@ def _row_matmul_op():
     from torch.library import triton_op, wrap_triton
 
     configs = [triton.Config({"BLOCK_N": n, "BLOCK_K": k}, num_warps=w)
-               for n, k, w in ((4, 512, 4), (8, 256, 4), (8, 512, 4), (16, 256, 4), (16, 512, 8), (32, 256, 8))]
+               for n, k, w in ((1, 1024, 2), (1, 1024, 4), (2, 1024, 4), (2, 2048, 4), (4, 512, 4), (4, 1024, 4),
+                               (4, 2048, 8), (8, 256, 4), (8, 512, 4), (8, 1024, 8), (16, 256, 4), (16, 512, 8))]
 
     @triton.autotune(configs=configs, key=["N", "K"])
     @triton.jit
