@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 
 import torch
 import torch.nn.functional as F
@@ -34,9 +35,18 @@ def _row_matmul_op():
                for n, k, w in ((1, 1024, 2), (1, 1024, 4), (2, 1024, 4), (2, 2048, 4), (4, 512, 4), (4, 1024, 4),
                                (4, 2048, 8), (8, 256, 4), (8, 512, 4), (8, 1024, 8), (16, 256, 4), (16, 512, 8))]
 
+    # Programmatic dependent launch (Hopper and newer), as the compiled step's Inductor kernels do
+    # (see CompilePolicy.inductor_options): this kernel may start while its predecessor finishes,
+    # waits for it before reading anything, and lets its successor start likewise.
+    pdl = torch.cuda.get_device_capability() >= (9, 0) and os.environ.get("TORCHINDUCTOR_ENABLE_PDL", "1") != "0"
+
     @triton.autotune(configs=configs, key=["N", "K"])
     @triton.jit
-    def kernel(x_ptr, w_ptr, scale_ptr, out_ptr, N, K, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    def kernel(x_ptr, w_ptr, scale_ptr, out_ptr, N, K, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+               PDL: tl.constexpr):
+        if PDL:
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
         rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         row_ok = rows < N
         acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
@@ -53,7 +63,8 @@ def _row_matmul_op():
     def int8_row_matmul(x: Tensor, weight: Tensor, scale: Tensor) -> Tensor:
         n, k = weight.shape
         out = torch.empty(n, dtype=x.dtype, device=x.device)
-        wrap_triton(kernel)[lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),)](x, weight, scale, out, n, k)
+        wrap_triton(kernel)[lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),)](x, weight, scale, out, n, k, PDL=pdl,
+                                                                             launch_pdl=pdl)
         return out
 
     return int8_row_matmul
