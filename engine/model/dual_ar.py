@@ -245,7 +245,7 @@ class FeedForward(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         if self.w13 is None:
             return self.w2(F.silu(self.w1(x)) * self.w3(x))
-        gate_up = self.w13(x) if isinstance(self.w13, nn.Module) else F.linear(x, self.w13)
+        gate_up = self.w13(x) if isinstance(self.w13, nn.Linear) else F.linear(x, self.w13)
         gate, up = gate_up.chunk(2, dim=-1)
         return self.w2(F.silu(gate) * up)
 

@@ -22,7 +22,6 @@ from ..model.dual_ar import DualARTransformer, KVView, call_block
 from .cuda_graphs import capture
 from .decode_step import DecodeState, decode_step
 from .generate import FullVocabHead, SemanticHead, StepOps
-from .int8_rows import use_int8_row_kernel
 from .kv_cache import KVCache
 from .sampling import sample
 
@@ -135,9 +134,6 @@ class StepRunner:
         if self.policy.compile:
             backend = self.policy.inductor_backend()
             torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
-            if self.policy.int8_weights:
-                logger.info("one-row int8 matmuls of the compiled step: our Triton kernel ({} layers)",
-                            use_int8_row_kernel(self.model))
 
             def compiled(fn):
                 return _leading_dims_generic(torch.compile(fn, fullgraph=True, backend=backend))
