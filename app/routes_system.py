@@ -23,9 +23,8 @@ def build_router(engine, metrics: Metrics, guard) -> APIRouter:
     @router.get("/ready", summary="The model is loaded and warm", dependencies=[Depends(guard)])
     async def ready():
         if engine.is_ready:
-            stats = engine.stats()
             # Sequences that can run at once now, and once the larger batches' graphs are captured.
-            return {"status": "ready", "slots_ready": stats.get("slots_ready"), "slots": stats.get("slots")}
+            return {"status": "ready", "slots_ready": engine.slots_ready, "slots": engine.slots}
         raise HTTPProblem(503, "the model is still loading or warming up", retry_after(5))
 
     @router.get("/metrics", summary="Prometheus metrics", dependencies=[Depends(guard)])

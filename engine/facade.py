@@ -151,11 +151,23 @@ class TTSEngine:
         self.is_ready = True
         logger.info("warm-up done in {:.1f} s", time.perf_counter() - started)
 
-    def capture_all(self) -> float:
-        """Capture every remaining batch graph now (benchmarks, tests); returns the seconds it took."""
+    def capture_all(self, timeout_s: float = 1800.0) -> float:
+        """Capture every remaining batch graph now, as soon as no request is in flight (benchmarks,
+        tests); returns the seconds it took."""
         started = time.perf_counter()
-        self._worker.call(lambda: self._synthesizer.capture_more(up_to=self.slots))
+        runner = self._synthesizer.runner
+        while runner.pending_batches:
+            if time.perf_counter() - started > timeout_s:
+                raise RuntimeError(f"the engine stayed busy for {timeout_s:.0f} s: no batch graphs captured")
+            if self._worker.in_flight == 0 and self._worker.call(lambda: self._synthesizer.capture_more(self.slots)):
+                continue
+            time.sleep(0.01)  # requests still running, or their last step's read-back: try again
         return time.perf_counter() - started
+
+    @property
+    def slots_ready(self) -> int:
+        """Sequences that can run at once now (reaches `slots` once every batch's graphs are captured)."""
+        return min(self._synthesizer.slots_ready, self.slots)
 
     def _stream_chunks(self, text, references, voice, params, stats: dict) -> Iterator[AudioChunk]:
         request = self._prepare(text, references, voice, params)
@@ -226,7 +238,7 @@ class TTSEngine:
             "queue_depth": max(self._worker.in_flight - scheduler.running, 0),
             "running": scheduler.running,
             "slots": self.slots,
-            "slots_ready": min(self._synthesizer.runner.ready_slots, self.slots),
+            "slots_ready": self.slots_ready,
             "prefix_cache": self._synthesizer.prefix_cache.stats(),
             "frames_per_s": self._last_frames_per_s,
             "ready": self.is_ready,

@@ -98,11 +98,12 @@ def startup_phase(settings: dict, cache_dir: str) -> dict:
     next(iter(engine.synthesize_stream("Hello there.", params=SamplingParams(max_new_tokens=16, seed=0))))
     first_audio = time.perf_counter()
     rest_s = engine.capture_all()
+    all_graphs = time.perf_counter()
     engine.close()
     return {"import_and_cuda_init_s": imported - started, "load_s": loaded - started,
             "compile_s": prepare_s + rest_s, "first_request_compile_s": prepare_s,
             "prepare_wall_s": prepared - loaded, "to_first_audio_s": first_audio - started,
-            "to_all_graphs_s": time.perf_counter() - started}
+            "to_all_graphs_s": all_graphs - started}
 
 
 def measure_startup(settings: dict) -> dict:

@@ -75,6 +75,7 @@ class FailingEngine:
 
     sample_rate = 44100
     is_ready = True
+    slots = slots_ready = 1
 
     def __init__(self, voices_dir, error: Exception):
         self.voices = VoiceStore(voices_dir)

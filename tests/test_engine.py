@@ -315,3 +315,23 @@ def test_int8_engine_speaks_and_gpu_only_quantization_is_refused_on_cpu(tmp_path
         eng.close()
     with pytest.raises(DeviceError, match="--quantize int4 is unavailable on cpu"):
         TTSEngine.from_config(EngineConfig(demo=True, quantize="int4", device="cpu"))
+
+
+def test_a_failed_batch_capture_is_logged_and_the_engine_serves_on(tmp_path, monkeypatch):
+    """Larger batch graphs are captured after start-up; if a capture fails, capturing stops and the
+    batches captured before keep serving. (On a CPU there are no graphs: the failure is staged.)"""
+    from engine.runtime.step_runner import StepRunner
+
+    engine = TTSEngine.from_config(EngineConfig(demo=True, cache_dir=str(tmp_path / "cache"),
+                                                voices_dir=str(tmp_path / "voices")))
+    try:
+        runner = engine._synthesizer.runner
+        monkeypatch.setattr(StepRunner, "pending_batches", property(lambda self: [] if self.capture_stopped else [8]))
+        monkeypatch.setattr(runner, "prepare", lambda batches: (_ for _ in ()).throw(RuntimeError("capture failed")))
+        ready = engine.slots_ready
+        engine.capture_all(timeout_s=30)
+        assert runner.capture_stopped and runner.pending_batches == [] and engine.slots_ready == ready
+        audio = engine.synthesize("Still serving.", params=SamplingParams(max_new_tokens=8, seed=1)).audio
+        assert audio.dtype == np.float32
+    finally:
+        engine.close()

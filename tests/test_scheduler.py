@@ -155,14 +155,9 @@ def test_a_sequence_that_cannot_start_fails_alone(model, specs):
 
 
 class PartlyCaptured(StepRunner):
-    """A runner whose graphs exist for `ready` rows so far, with `pending` batch buckets to capture."""
+    """A runner whose graphs exist for `ready_slots` rows so far, with `pending` batch buckets to capture."""
 
-    ready: int = 1
     pending: list[int] = []
-
-    @property
-    def ready_slots(self) -> int:
-        return self.ready
 
     @property
     def pending_batches(self) -> list[int]:
@@ -173,7 +168,7 @@ def partly_captured_scheduler(model, slots, ready, pending):
     c = model.config
     cache = KVCache(c.n_layer, slots, c.n_local_heads, CAPACITY, c.head_dim, torch.float32, "cpu")
     runner = PartlyCaptured(model, cache, EAGER)
-    runner.ready, runner.pending = ready, pending
+    runner.ready_slots, runner.pending = ready, pending
     return Scheduler(runner, PrefixCache(cache, 1 << 30), max_admit_per_step=4)
 
 
@@ -193,7 +188,7 @@ def test_more_sequences_than_captured_graphs_drain_the_batch_for_a_capture(model
         assert scheduler.waiting == 2 and scheduler.running <= 1
     assert owners[0].finished and owners[0].error is None
     # The caller captures batches 2 and 4: both waiting sequences run together.
-    scheduler.runner.ready, scheduler.runner.pending = 4, []
+    scheduler.runner.ready_slots, scheduler.runner.pending = 4, []
     assert not scheduler.needs_capture
     scheduler.iteration()
     assert scheduler.running == 2 and scheduler.waiting == 0

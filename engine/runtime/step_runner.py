@@ -121,7 +121,10 @@ class StepRunner:
         self._step = self._build_step()
         self._graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
         self._prefill_compiled = False
-        self._capture_failed = False  # a capture failed: the batches captured before it are all there will be
+        # Rows that can step together now: every slot when eager, else the largest batch bucket up to
+        # which every bucket's graphs are captured (set by prepare()).
+        self.ready_slots = 0 if policy.cuda_graphs else cache.n_slots
+        self.capture_stopped = False  # a capture failed: the batches captured before it are all there will be
         self._pool = None
         self._capture_stream = None  # every step graph is captured on this one stream (see cuda_graphs.capture)
 
@@ -163,43 +166,42 @@ class StepRunner:
                                         device=self.key_positions.device))
             self._prefill_compiled = True
             logger.info("prefill compiled in {:.1f} s", time.perf_counter() - started)
+        captured = len(self._graphs)
         try:
             for batch in batch_sizes or self.batch_buckets:
                 for kv in self.kv_buckets:
                     bucket_started = time.perf_counter()
                     self._capture(batch, kv)
                     logger.debug("graph for batch {} kv {} in {:.2f} s", batch, kv, time.perf_counter() - bucket_started)
+                self._update_ready_slots()
         except Exception:
-            self._capture_failed = True
+            self.stop_capturing()
             raise
         finally:
             self.state.positions.zero_()
         seconds = time.perf_counter() - started
-        logger.info("captured {} CUDA graphs ({}) in {:.1f} s", len(self._graphs), self.policy.describe(), seconds)
+        logger.info("captured {} CUDA graphs ({}) in {:.1f} s", len(self._graphs) - captured, self.policy.describe(),
+                    seconds)
         return seconds
 
     @property
     def pending_batches(self) -> list[int]:
-        """Batch buckets still to capture (none without CUDA graphs, or after a failed capture)."""
-        if not self.policy.cuda_graphs or self._capture_failed:
+        """Batch buckets still to capture (none without CUDA graphs, or once capturing stopped)."""
+        if not self.policy.cuda_graphs or self.capture_stopped:
             return []
-        return [b for b in self.batch_buckets if not self._has_batch(b)]
+        return [b for b in self.batch_buckets if b > self.ready_slots]
 
-    @property
-    def ready_slots(self) -> int:
-        """Rows that can step together now: every slot when eager, else the largest batch bucket up
-        to which every bucket's graphs are captured (0 before the first)."""
-        if not self.policy.cuda_graphs:
-            return self.cache.n_slots
+    def stop_capturing(self) -> None:
+        """After a failed capture: serve with the batches captured so far."""
+        self.capture_stopped = True
+
+    def _update_ready_slots(self) -> None:
         ready = 0
         for batch in self.batch_buckets:
-            if not self._has_batch(batch):
+            if not all((batch, kv) in self._graphs for kv in self.kv_buckets):
                 break
             ready = batch
-        return ready
-
-    def _has_batch(self, batch: int) -> bool:
-        return all((batch, kv) in self._graphs for kv in self.kv_buckets)
+        self.ready_slots = ready
 
     def _capture(self, batch: int, kv: int) -> None:
         args = (self._views[batch], self.key_positions[:kv])
