@@ -252,6 +252,9 @@ class Handlers:
         def gb(v):
             return "n/a" if v is None else f"{v:.2f} GB"
 
+        running = f"{s.get('running')} of {s.get('slots')} at once (continuous batching)"
+        if s.get("slots_ready") is not None and s["slots_ready"] < s.get("slots", 0):
+            running += f"; {s['slots_ready']} so far, while the larger batches' graphs are captured"
         rows = [
             ("Model", s.get("model")),
             ("Device", s.get("device")),
@@ -260,7 +263,7 @@ class Handlers:
             ("Memory in use", gb(s.get("memory_gb"))),
             ("Peak memory", gb(s.get("peak_memory_gb"))),
             ("Queue depth", s.get("queue_depth")),
-            ("Running", f"{s.get('running')} of {s.get('slots')} at once (continuous batching)"),
+            ("Running", running),
             ("Voice prefixes reused", (s.get("prefix_cache") or {}).get("hits")),
             ("Frames/s (last request)", f"{s.get('frames_per_s') or 0:.1f}"),
             ("Requests served", s.get("requests_total")),

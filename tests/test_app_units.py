@@ -3,6 +3,8 @@ server answers when the engine itself fails (an engine stand-in raises on purpos
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 from starlette.testclient import TestClient
 
@@ -119,3 +121,14 @@ def test_batch_reports_engine_errors_per_item(tmp_path):
     client = client_for(tmp_path, QueueFullError("the engine is busy"))
     items = client.post("/v1/tts/batch", json={"texts": ["a", "b"]}).json()["results"]
     assert [i["error"]["status"] for i in items] == [429, 429]
+
+
+def test_system_tab_says_while_larger_batches_are_still_being_captured(tmp_path):
+    from app.ui_handlers import Handlers
+
+    class Warming(FailingEngine):
+        def stats(self) -> dict:
+            return {**super().stats(), "running": 1, "slots": 64, "slots_ready": 2}
+
+    text = Handlers.system_markdown(SimpleNamespace(synth=SimpleNamespace(engine=Warming(tmp_path, ValueError()))))
+    assert "1 of 64 at once" in text and "2 so far, while the larger batches' graphs are captured" in text
