@@ -24,7 +24,8 @@ def build_router(engine, metrics: Metrics, guard) -> APIRouter:
     async def ready():
         if engine.is_ready:
             # Sequences that can run at once now, and once the larger batches' graphs are captured.
-            return {"status": "ready", "slots_ready": engine.slots_ready, "slots": engine.slots}
+            return {"status": "ready", "slots_ready": engine.slots_ready, "slots": engine.slots,
+                    "capturing": engine.capturing}
         raise HTTPProblem(503, "the model is still loading or warming up", retry_after(5))
 
     @router.get("/metrics", summary="Prometheus metrics", dependencies=[Depends(guard)])

@@ -254,7 +254,8 @@ class Handlers:
 
         running = f"{s.get('running')} of {s.get('slots')} at once (continuous batching)"
         if s.get("slots_ready") is not None and s["slots_ready"] < s.get("slots", 0):
-            running += f"; {s['slots_ready']} so far, while the larger batches' graphs are captured"
+            running += (f"; {s['slots_ready']} so far, while the larger batches' graphs are captured" if s.get("capturing")
+                        else f"; {s['slots_ready']} only: capturing a larger batch's graphs failed (see the log)")
         rows = [
             ("Model", s.get("model")),
             ("Device", s.get("device")),

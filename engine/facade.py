@@ -169,6 +169,11 @@ class TTSEngine:
         """Sequences that can run at once now (reaches `slots` once every batch's graphs are captured)."""
         return min(self._synthesizer.slots_ready, self.slots)
 
+    @property
+    def capturing(self) -> bool:
+        """Larger batches' graphs are still to be captured (False once all are, or after a failed capture)."""
+        return bool(self._synthesizer.runner.pending_batches)
+
     def _stream_chunks(self, text, references, voice, params, stats: dict) -> Iterator[AudioChunk]:
         request = self._prepare(text, references, voice, params)
         started = time.perf_counter()
@@ -239,6 +244,7 @@ class TTSEngine:
             "running": scheduler.running,
             "slots": self.slots,
             "slots_ready": self.slots_ready,
+            "capturing": self.capturing,
             "prefix_cache": self._synthesizer.prefix_cache.stats(),
             "frames_per_s": self._last_frames_per_s,
             "ready": self.is_ready,

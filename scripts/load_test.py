@@ -173,6 +173,9 @@ def wait_for_all_slots(client, limit_s: float = 900.0) -> None:
         ready = client.get("/ready").json()
         if ready.get("slots_ready") is None or ready["slots_ready"] >= ready["slots"]:
             return
+        if not ready.get("capturing", True):
+            raise SystemExit(f"the server runs at most {ready['slots_ready']} of {ready['slots']} sequences at once: "
+                             "capturing a larger batch's graphs failed; see its log")
         if time.monotonic() > deadline:
             raise SystemExit(f"the server still runs at most {ready['slots_ready']} of {ready['slots']} sequences "
                              f"at once after {limit_s:.0f} s; see its log")

@@ -64,7 +64,7 @@ def test_health(http, path):
 def test_ready_after_warmup(http):
     r = http.get("/ready")
     # Eager on a CPU: no graphs to capture, every slot can run at once from the start.
-    assert r.status_code == 200 and r.json() == {"status": "ready", "slots_ready": 4, "slots": 4}
+    assert r.status_code == 200 and r.json() == {"status": "ready", "slots_ready": 4, "slots": 4, "capturing": False}
 
 
 def test_openapi_lists_every_route_and_docs_render(http):

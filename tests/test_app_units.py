@@ -78,6 +78,7 @@ class FailingEngine:
     sample_rate = 44100
     is_ready = True
     slots = slots_ready = 1
+    capturing = False
 
     def __init__(self, voices_dir, error: Exception):
         self.voices = VoiceStore(voices_dir)
@@ -128,7 +129,13 @@ def test_system_tab_says_while_larger_batches_are_still_being_captured(tmp_path)
 
     class Warming(FailingEngine):
         def stats(self) -> dict:
-            return {**super().stats(), "running": 1, "slots": 64, "slots_ready": 2}
+            return {**super().stats(), "running": 1, "slots": 64, "slots_ready": 2, "capturing": self.capturing}
 
-    text = Handlers.system_markdown(SimpleNamespace(synth=SimpleNamespace(engine=Warming(tmp_path, ValueError()))))
-    assert "1 of 64 at once" in text and "2 so far, while the larger batches' graphs are captured" in text
+    def system_text(capturing: bool) -> str:
+        engine = Warming(tmp_path, ValueError())
+        engine.capturing = capturing
+        return Handlers.system_markdown(SimpleNamespace(synth=SimpleNamespace(engine=engine)))
+
+    assert "1 of 64 at once" in system_text(True)
+    assert "2 so far, while the larger batches' graphs are captured" in system_text(True)
+    assert "2 only: capturing a larger batch's graphs failed (see the log)" in system_text(False)

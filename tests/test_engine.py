@@ -4,6 +4,7 @@ import math
 import shutil
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -317,21 +318,36 @@ def test_int8_engine_speaks_and_gpu_only_quantization_is_refused_on_cpu(tmp_path
         TTSEngine.from_config(EngineConfig(demo=True, quantize="int4", device="cpu"))
 
 
-def test_a_failed_batch_capture_is_logged_and_the_engine_serves_on(tmp_path, monkeypatch):
+@pytest.mark.parametrize("failing", ["step", "codec"])
+def test_a_failed_batch_capture_is_logged_and_the_engine_serves_on(failing, tmp_path, monkeypatch):
     """Larger batch graphs are captured after start-up; if a capture fails, capturing stops and the
-    batches captured before keep serving. (On a CPU there are no graphs: the failure is staged.)"""
+    batches whose step and codec graphs both exist keep serving. (On a CPU there are no graphs: the
+    runner is staged with batch 1 captured and batch 2 to capture.)"""
     from engine.runtime.step_runner import StepRunner
 
     engine = TTSEngine.from_config(EngineConfig(demo=True, cache_dir=str(tmp_path / "cache"),
                                                 voices_dir=str(tmp_path / "voices")))
     try:
-        runner = engine._synthesizer.runner
-        monkeypatch.setattr(StepRunner, "pending_batches", property(lambda self: [] if self.capture_stopped else [8]))
-        monkeypatch.setattr(runner, "prepare", lambda batches: (_ for _ in ()).throw(RuntimeError("capture failed")))
-        ready = engine.slots_ready
+        synth = engine._synthesizer
+        runner = synth.runner
+        runner.ready_slots = synth.slots_ready = 1
+        monkeypatch.setattr(StepRunner, "pending_batches", property(lambda self: [] if self.capture_stopped else [2]))
+
+        def fail(*args):
+            raise RuntimeError("capture failed")
+
+        def step_captured(batches):
+            runner.ready_slots = 2  # the step's graphs of batch 2 exist; the codec's will not
+            return 0.0
+
+        monkeypatch.setattr(runner, "prepare", fail if failing == "step" else step_captured)
+        monkeypatch.setattr(synth.codec_runner, "prepare", fail)
         engine.capture_all(timeout_s=30)
-        assert runner.capture_stopped and runner.pending_batches == [] and engine.slots_ready == ready
-        audio = engine.synthesize("Still serving.", params=SamplingParams(max_new_tokens=8, seed=1)).audio
-        assert audio.dtype == np.float32
+        assert runner.capture_stopped and not engine.capturing
+        assert runner.ready_slots == engine.slots_ready == 1 and not synth.scheduler.needs_capture
+        with ThreadPoolExecutor(3) as pool:  # more requests than batch 1: they take turns
+            results = list(pool.map(lambda s: engine.synthesize("Still serving.", params=SamplingParams(
+                max_new_tokens=8, seed=s)), range(3)))
+        assert all(r.audio.dtype == np.float32 for r in results)
     finally:
         engine.close()
