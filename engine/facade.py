@@ -167,7 +167,7 @@ class TTSEngine:
     @property
     def slots_ready(self) -> int:
         """Sequences that can run at once now (reaches `slots` once every batch's graphs are captured)."""
-        return min(self._synthesizer.slots_ready, self.slots)
+        return min(self._synthesizer.runner.ready_slots, self.slots)
 
     @property
     def capturing(self) -> bool:

@@ -77,8 +77,6 @@ class Synthesizer:
         self.codec_runner = CodecRunner(models.codec, slots, self.capacity)
         self.reference_encoder = ReferenceEncoder(models.codec, REFERENCE_CHUNK_FRAMES,
                                                   min(reference_frames, GRAPHED_REFERENCE_FRAMES))
-        # Sequences that can run at once with every graph they need (step and codec); read by any thread.
-        self.slots_ready = self.runner.ready_slots
 
     @property
     def sample_rate(self) -> int:
@@ -91,31 +89,30 @@ class Synthesizer:
         seconds = self.runner.prepare([1])
         if self.runner.policy.cuda_graphs:
             seconds += self.codec_runner.prepare([1]) + self.reference_encoder.prepare()
-        self.slots_ready = self.runner.ready_slots
         return seconds
 
     def capture_more(self, up_to: int = 0) -> bool:
-        """Capture the next batch bucket's step and codec graphs, and the following ones until `up_to`
+        """Capture the next batch bucket's codec and step graphs, and the following ones until `up_to`
         rows are ready. Only while no sequence runs and the codec is idle (capture rewrites decode
         state); otherwise it captures nothing. Returns whether it captured and buckets remain.
 
-        A failed capture is logged and ends capturing: the batches captured before it keep serving."""
+        The codec's graphs come first: the runner's ready_slots, which admission follows, then rises
+        only for batches whose graphs all exist. A failed capture is logged and ends capturing: the
+        batches captured before it keep serving."""
         if not (self.scheduler.drained and not self.codec_runner.pending):
             return False
         while self.runner.pending_batches:
             batch = self.runner.pending_batches[0]
             try:
-                seconds = self.runner.prepare([batch]) + self.codec_runner.prepare([batch])
+                seconds = self.codec_runner.prepare([batch]) + self.runner.prepare([batch])
             except Exception:
                 self.runner.stop_capturing()
-                self.runner.ready_slots = self.slots_ready  # that batch's codec graphs may be missing
                 logger.exception("capturing the graphs of batch {} failed; serving at most {} sequences at once",
-                                 batch, self.slots_ready)
+                                 batch, self.runner.ready_slots)
                 return False
-            self.slots_ready = self.runner.ready_slots
             logger.info("graphs of batch {} captured in {:.1f} s ({} of {} sequences can run at once)",
-                        batch, seconds, self.slots_ready, self.scheduler.n_slots)
-            if self.slots_ready >= up_to:
+                        batch, seconds, self.runner.ready_slots, self.scheduler.n_slots)
+            if self.runner.ready_slots >= up_to:
                 break
         return bool(self.runner.pending_batches)
 
@@ -133,8 +130,8 @@ class Synthesizer:
     def iterate(self) -> bool:
         """One scheduler iteration; its harvest goes to the codec, finished audio to its requests.
         True while work remains."""
-        if self.scheduler.needs_capture and self.scheduler.drained and not self.codec_runner.pending:
-            self.capture_more(up_to=self.scheduler.demand)  # drained for it (see Scheduler)
+        if self.scheduler.needs_capture:
+            self.capture_more(up_to=self.scheduler.demand)  # captures once drained for it (see Scheduler)
         harvests = []
         try:
             harvests = self.scheduler.iteration()

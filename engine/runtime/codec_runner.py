@@ -80,22 +80,21 @@ class CodecRunner:
         with torch.inference_mode():
             for bucket in row_buckets or self.row_buckets:
                 for n in BLOCK_SIZES:
-                    self._pool = self._capture(bucket, n, self._pool)
+                    self._capture(bucket, n)
         self.decoder.reset()
         torch.cuda.synchronize()
         seconds = time.perf_counter() - started
         logger.info("captured {} codec CUDA graphs in {:.1f} s", len(self._graphs) - captured, seconds)
         return seconds
 
-    def _capture(self, bucket: int, n: int, pool):
-        """Capture the graph decoding n frames for `bucket` rows (all the spare row while capturing),
-        into `pool`; returns the pool for the next capture."""
+    def _capture(self, bucket: int, n: int) -> None:
+        """Capture the graph decoding n frames for `bucket` rows (all the spare row while capturing)."""
         codes = torch.zeros(bucket, self.num_codebooks, n, dtype=torch.long, device=self.device)
         index = torch.full((bucket,), self.rows, dtype=torch.long, device=self.device)
         rows = Rows(index, np.full(bucket, self.rows))
-        graph, audio = capture(lambda: self.decoder.decode_rows(codes, rows)[:, 0], self.stream, pool)
+        graph, audio = capture(lambda: self.decoder.decode_rows(codes, rows)[:, 0], self.stream, self._pool)
+        self._pool = graph.pool()
         self._graphs[(bucket, n)] = _Graph(graph, codes, index, audio)
-        return graph.pool()
 
     def _decode(self, codes: torch.Tensor, rows: list[int], last: bool = False) -> torch.Tensor:
         """(b, n * frame_length) audio for codes (b, num_codebooks, n) on the current stream.

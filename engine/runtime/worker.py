@@ -135,7 +135,7 @@ class GPUWorker:
                 job = self._queue.get(block=not busy, timeout=timeout)
             except queue.Empty:
                 if busy:
-                    busy = self._iterate_safely()
+                    busy = self._guarded(self._iterate, "decode loop iteration")
                 else:
                     quiet = True
                     if not self._guarded(self._idle, "background work"):
@@ -157,9 +157,6 @@ class GPUWorker:
             if not isinstance(exc, (InputError, Cancelled)):
                 logger.exception("request failed on the GPU worker")
             job.finish(exc)
-
-    def _iterate_safely(self) -> bool:
-        return self._guarded(self._iterate, "decode loop iteration")
 
     @staticmethod
     def _guarded(fn: Callable[[], bool], what: str) -> bool:
