@@ -9,7 +9,8 @@ Modes (EngineConfig.quantize):
   capability >= 8.9, bf16.
 
 What is quantized: the Linear layers of the slow and fast transformer blocks (attention and the
-fused gate/up and down projections), which are nearly all the weights read per decoded frame. The
+fused gate/up and down projections), which are nearly all the weights read per decoded frame; in
+int8 mode the attention's QKV projection stays in the model's dtype (`_INT8_KEEPS`). The
 heads stay as they are: the runtime slices them (SemanticHead reads 4097 rows of `output`,
 forward_fast the leading rows of `fast_output`), they read little per frame, and the logits are
 what sampling sees. The token embedding table (155,776 x 1024, 319 MB in bf16, the largest tensor
@@ -78,8 +79,20 @@ def quantize_transformer(model: DualARTransformer, mode: str) -> None:
     model.fuse_(as_linear=True)
     quantize_, config = _torchao().quantize_, _config(mode)
     for blocks in (model.layers, model.fast_layers):
-        quantize_(blocks, config)
+        quantize_(blocks, config, filter_fn=_linears_quantized_in(mode))
     model.embeddings = Int8RowEmbedding.quantize(model.embeddings)
+
+
+# int8 keeps the QKV projection in the model's dtype: its per-row scale would sit between the matmul
+# and the qk-norm, RoPE and KV write of a one-row step, which Inductor then splits into six kernels
+# per layer instead of three, costing more than the int8 matmul saves (docs/PERFORMANCE.md). It is
+# a quarter of a block's weights (+125 MB over all-int8 at full size).
+_INT8_KEEPS = ("attention.wqkv",)
+
+
+def _linears_quantized_in(mode: str):
+    kept = _INT8_KEEPS if mode == "int8" else ()
+    return lambda module, name: isinstance(module, torch.nn.Linear) and not name.endswith(kept)
 
 
 class Int8RowEmbedding(torch.nn.Module):

@@ -74,6 +74,8 @@ class Synthesizer:
             models.model.release_output_()
         self.prefix_cache = PrefixCache(cache, prefix_cache_bytes)
         self.scheduler = Scheduler(self.runner, self.prefix_cache)
+        if policy.compile:
+            models.codec.decoder.compile_activations(policy.compile_dynamic)
         self.codec_runner = CodecRunner(models.codec, slots, self.capacity)
         self.reference_encoder = ReferenceEncoder(models.codec, REFERENCE_CHUNK_FRAMES,
                                                   min(reference_frames, GRAPHED_REFERENCE_FRAMES))

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """How the decode step and the streaming codec scale with the batch (full-size weights, GPU).
 
-    python scripts/profile_batch.py --weights random [--batches 1,8,16,32,64] [--kv 1024] [--json out.json]
+    python scripts/profile_batch.py --weights random [--batches 1,8,16,32,64] [--kv 1024] [--codec-snakes eager] [--json out.json]
 
 For each batch size: the graphed decode step's time per step (every row one frame), and the
 streaming codec's time per chunk of --chunk frames for that many rows, eager and replayed as a
@@ -57,6 +57,8 @@ def main(argv=None) -> int:
     p.add_argument("--batches", default="1,8,16,32,64")
     p.add_argument("--kv", type=int, default=1024, help="kv bucket of the timed steps")
     p.add_argument("--chunk", type=int, default=16, help="codec chunk in frames")
+    p.add_argument("--codec-snakes", default="compiled", choices=["compiled", "eager"],
+                   help="the codec decoder's Snake activations as the engine runs them with compile on, or eager")
     p.add_argument("--cudnn-benchmark", action="store_true", help="let cuDNN time its convolution algorithms")
     p.add_argument("--json", type=Path)
     args = parse_with_weights(p, argv)
@@ -77,7 +79,10 @@ def main(argv=None) -> int:
     model, c = models.model, models.model.config
     slots = max(batches)
     cache = KVCache(c.n_layer, slots, c.n_local_heads, args.kv, c.head_dim, models.placement.dtype, "cuda")
-    runner = StepRunner(model, cache, compilation.decide(args.compile, torch.device("cuda")))
+    policy = compilation.decide(args.compile, torch.device("cuda"))
+    runner = StepRunner(model, cache, policy)
+    if policy.compile and args.codec_snakes == "compiled":
+        models.codec.decoder.compile_activations(policy.compile_dynamic)
     runner.kv_buckets = [args.kv]
     runner.prepare(batches)
     for slot in range(slots):
@@ -104,7 +109,7 @@ def main(argv=None) -> int:
         })
         print(json.dumps(rows[-1]))
     result = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "kv": args.kv,
-              "cudnn_benchmark": args.cudnn_benchmark,
+              "cudnn_benchmark": args.cudnn_benchmark, "codec_snakes": args.codec_snakes,
               "chunk": args.chunk, "rows": rows, "peak_gb": torch.cuda.max_memory_allocated() / 1e9}
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))

@@ -118,14 +118,20 @@ class CausalConvTranspose1d(nn.Module):
         return self.conv(x)[..., : x.shape[-1] * self.stride]
 
 
+def snake(x: Tensor, alpha: Tensor, eps: float) -> Tensor:
+    """x + sin(alpha x)^2 / alpha, per channel. Eagerly five passes over x; compiled, one kernel."""
+    return x + (alpha + eps).reciprocal() * torch.sin(alpha * x).pow(2)
+
+
 class Snake1d(nn.Module):
     def __init__(self, channels: int, eps: float):
         super().__init__()
         self.alpha = nn.Parameter(torch.empty(1, channels, 1))
         self.eps = eps
+        self.function = snake  # Decoder.compile_activations swaps in a compiled one
 
     def forward(self, x: Tensor) -> Tensor:
-        return x + (self.alpha + self.eps).reciprocal() * torch.sin(self.alpha * x).pow(2)
+        return self.function(x, self.alpha, self.eps)
 
 
 class ResidualUnit(nn.Module):
@@ -446,6 +452,15 @@ class Decoder(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         return self.model(x)
+
+    def compile_activations(self, compile_fn) -> None:
+        """Every Snake runs `compile_fn(snake)`. Eager Snakes make up most of the decoder's memory
+        traffic (docs/PERFORMANCE.md); the encoder keeps the eager ones, so a reference clip's
+        codes stay those of the reference implementation."""
+        compiled = compile_fn(snake)
+        for module in self.modules():
+            if isinstance(module, Snake1d):
+                module.function = compiled
 
 
 # --------------------------------------------------------------------------------------------------
