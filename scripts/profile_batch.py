@@ -50,6 +50,32 @@ def graphed(fn):
     return graph.replay
 
 
+def top_kernels(fn, calls: int = 5, top: int = 15) -> list[tuple[str, float, float]]:
+    """(kernel name, launches per call, GPU us per call) of fn's most expensive kernel kinds."""
+    from collections import defaultdict
+
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    with torch.inference_mode():
+        fn()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(calls):
+                fn()
+            torch.cuda.synchronize()
+    by_name = defaultdict(lambda: [0, 0.0])
+    for event in prof.events():
+        if event.device_type.name == "CUDA":
+            by_name[event.name][0] += 1
+            by_name[event.name][1] += event.device_time
+    rows = sorted(((name, n / calls, us / calls) for name, (n, us) in by_name.items()), key=lambda r: -r[2])
+    for name, n, us in rows[:top]:
+        print(f"{us:9.1f} us/chunk {n:6.1f}x  {name[:100]}")
+    print(f"codec: {sum(r[2] for r in rows):.0f} us of GPU per chunk in {sum(r[1] for r in rows):.0f} kernels")
+    return rows[:top]
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_weight_options(p)
@@ -59,6 +85,8 @@ def main(argv=None) -> int:
     p.add_argument("--chunk", type=int, default=16, help="codec chunk in frames")
     p.add_argument("--codec-snakes", default="compiled", choices=["compiled", "eager"],
                    help="the codec decoder's Snake activations as the engine runs them with compile on, or eager")
+    p.add_argument("--codec-kernels", action="store_true",
+                   help="also list the codec's kernels by GPU time per chunk at the largest batch (torch.profiler)")
     p.add_argument("--cudnn-benchmark", action="store_true", help="let cuDNN time its convolution algorithms")
     p.add_argument("--json", type=Path)
     args = parse_with_weights(p, argv)
@@ -108,9 +136,10 @@ def main(argv=None) -> int:
             "codec_eager_audio_s_per_s": audio_s / codec_eager_s,
         })
         print(json.dumps(rows[-1]))
+    codec_kernels = top_kernels(lambda: decoder.decode(codes)) if args.codec_kernels else None
     result = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "kv": args.kv,
               "cudnn_benchmark": args.cudnn_benchmark, "codec_snakes": args.codec_snakes,
-              "chunk": args.chunk, "rows": rows, "peak_gb": torch.cuda.max_memory_allocated() / 1e9}
+              "chunk": args.chunk, "rows": rows, "codec_top_kernels": codec_kernels, "peak_gb": torch.cuda.max_memory_allocated() / 1e9}
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))
     return 0

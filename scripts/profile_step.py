@@ -2,10 +2,11 @@
 """Where a decode frame's time goes: kernels per frame and GPU time per kernel kind.
 
     python scripts/profile_step.py --weights random [--compile on|off] [--quantize int8] [--pdl on|off]
-                                   [--inductor combo_kernels=True ...] [--json out.json]
+                                   [--batch 64] [--inductor combo_kernels=True ...] [--json out.json]
 
-Times the graphed step (batch 1, one kv bucket), then runs the same step outside CUDA graphs
-under torch.profiler so that every kernel is seen, and prints the kernels per frame, the GPU
+Times the graphed step (one batch size, default 1, and one kv bucket; "per frame" means per step of
+every row, frames/s counts each row's frame), then runs the same step outside CUDA graphs under
+torch.profiler so that every kernel is seen, and prints the kernels per frame, the GPU
 busy time per frame and the kernels that take the most time; the JSON also lists one frame's
 kernels in launch order.
 """
@@ -35,6 +36,7 @@ def main(argv=None) -> int:
                    help="programmatic dependent launch between Triton kernels (the engine's default: on)")
     p.add_argument("--frames", type=int, default=20)
     p.add_argument("--kv", type=int, default=512, help="kv bucket to profile")
+    p.add_argument("--batch", type=int, default=1, help="rows stepped together (each at kv / 2 positions when above 1)")
     p.add_argument("--inductor", action="append", default=[], metavar="KEY=VALUE",
                    help="an Inductor config setting to try, e.g. combo_kernels=True (repeatable)")
     p.add_argument("--json", type=Path)
@@ -55,22 +57,25 @@ def main(argv=None) -> int:
                                       device="cuda", quantize=args.quantize))
     model = models.model
     c = model.config
-    cache = KVCache(c.n_layer, 1, c.n_local_heads, 4096, c.head_dim, models.placement.dtype, "cuda")
+    cache = KVCache(c.n_layer, args.batch, c.n_local_heads, 4096, c.head_dim, models.placement.dtype, "cuda")
     policy = dataclasses.replace(compilation.decide(args.compile, torch.device("cuda"), compile_mode=args.compile_mode,
                                                     quantize=args.quantize), pdl=args.pdl == "on")
     runner = StepRunner(model, cache, policy)
-    runner.prepare([1])
-    runner.state.start(0, torch.zeros(c.num_codebooks + 1, dtype=torch.long, device="cuda"), 100, 0.8, 0.8, 1.1, 1)
+    runner.prepare([args.batch])
+    start_position = 100 if args.batch == 1 else args.kv // 2
+    for slot in range(args.batch):
+        runner.state.start(slot, torch.zeros(c.num_codebooks + 1, dtype=torch.long, device="cuda"), start_position,
+                           0.8, 0.8, 1.1, slot + 1)
 
     # Graphed wall time per frame.
     torch.cuda.synchronize()
     t0 = time.perf_counter()
     for _ in range(200):
-        runner.step(1, args.kv)
+        runner.step(args.batch, args.kv)
     torch.cuda.synchronize()
     graphed_ms = (time.perf_counter() - t0) / 200 * 1000
 
-    step_views, key_positions = runner._views[1], runner.key_positions[: args.kv]
+    step_views, key_positions = runner._views[args.batch], runner.key_positions[: args.kv]
     with torch.inference_mode():
         runner._step(step_views, key_positions)  # settle
         torch.cuda.synchronize()
@@ -89,14 +94,14 @@ def main(argv=None) -> int:
     result = {
         "device": torch.cuda.get_device_name(0), "torch": torch.__version__, "compile": policy.describe(),
         "quantize": args.quantize, "pdl": args.pdl, "inductor": args.inductor,
-        "kv_bucket": args.kv, "graphed_ms_per_frame": graphed_ms, "graphed_frames_per_s": 1000 / graphed_ms,
+        "batch": args.batch, "kv_bucket": args.kv, "graphed_ms_per_frame": graphed_ms, "graphed_frames_per_s": args.batch * 1000 / graphed_ms,
         "kernels_per_frame": len(kernels) / args.frames, "gpu_ms_per_frame": total_us / args.frames / 1000,
         "top_kernels": sorted(((n, cnt / args.frames, t / args.frames) for n, (cnt, t) in by_name.items()),
                               key=lambda r: -r[2])[:25],
         # One frame's kernels in launch order (the last frame profiled): where fusion breaks shows here.
         "frame_kernels": [[k.name, round(k.device_time, 2)] for k in kernels[-per_frame:]],
     }
-    print(f"graphed: {graphed_ms:.3f} ms/frame ({1000 / graphed_ms:.0f} frames/s); kernels/frame "
+    print(f"graphed: {graphed_ms:.3f} ms/frame ({result['graphed_frames_per_s']:.0f} frames/s); kernels/frame "
           f"{result['kernels_per_frame']:.0f}; GPU busy {result['gpu_ms_per_frame']:.3f} ms/frame")
     for name, count, us in result["top_kernels"]:
         print(f"{us:8.1f} us/frame {count:6.1f}x  {name[:110]}")
