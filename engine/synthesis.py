@@ -21,6 +21,7 @@ from loguru import logger
 from .compilation import CompilePolicy
 from .errors import InputError
 from .loader import LoadedModels
+from .model.tuned_conv import tune_dilated_convs
 from .params import SamplingParams
 from .references import ReferenceCodeCache
 from .runtime.codec_runner import CodecRunner
@@ -76,6 +77,8 @@ class Synthesizer:
         self.scheduler = Scheduler(self.runner, self.prefix_cache)
         if policy.compile:
             models.codec.decoder.compile_activations(policy.compile_dynamic)
+        if policy.cuda_graphs:
+            tune_dilated_convs(models.codec.decoder)  # timed while the codec runner captures
         self.codec_runner = CodecRunner(models.codec, slots, self.capacity)
         self.reference_encoder = ReferenceEncoder(models.codec, REFERENCE_CHUNK_FRAMES,
                                                   min(reference_frames, GRAPHED_REFERENCE_FRAMES))

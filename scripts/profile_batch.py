@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """How the decode step and the streaming codec scale with the batch (full-size weights, GPU).
 
-    python scripts/profile_batch.py --weights random [--batches 1,8,16,32,64] [--kv 1024] [--codec-snakes eager] [--json out.json]
+    python scripts/profile_batch.py --weights random [--batches 1,8,16,32,64] [--kv 1024] [--codec-snakes eager] [--codec-convs cudnn] [--json out.json]
 
 For each batch size: the graphed decode step's time per step (every row one frame), and the
 streaming codec's time per chunk of --chunk frames for that many rows, eager and replayed as a
@@ -85,6 +85,8 @@ def main(argv=None) -> int:
     p.add_argument("--chunk", type=int, default=16, help="codec chunk in frames")
     p.add_argument("--codec-snakes", default="compiled", choices=["compiled", "eager"],
                    help="the codec decoder's Snake activations as the engine runs them with compile on, or eager")
+    p.add_argument("--codec-convs", default="tuned", choices=["tuned", "cudnn"],
+                   help="the decoder's dilated convs timed per shape against a matmul, as the engine runs them, or cuDNN's")
     p.add_argument("--codec-kernels", action="store_true",
                    help="also list the codec's kernels by GPU time per chunk at the largest batch (torch.profiler)")
     p.add_argument("--cudnn-benchmark", action="store_true", help="let cuDNN time its convolution algorithms")
@@ -99,6 +101,7 @@ def main(argv=None) -> int:
     from engine.config import EngineConfig
     from engine.loader import load_models
     from engine.model.codec_stream import StreamingDecoder
+    from engine.model.tuned_conv import tune_dilated_convs, tuning
     from engine.runtime.kv_cache import KVCache
     from engine.runtime.step_runner import StepRunner
 
@@ -111,6 +114,8 @@ def main(argv=None) -> int:
     runner = StepRunner(model, cache, policy)
     if policy.compile and args.codec_snakes == "compiled":
         models.codec.decoder.compile_activations(policy.compile_dynamic)
+    if args.codec_convs == "tuned":
+        tune_dilated_convs(models.codec.decoder)
     runner.kv_buckets = [args.kv]
     runner.prepare(batches)
     for slot in range(slots):
@@ -124,7 +129,7 @@ def main(argv=None) -> int:
         decoder = StreamingDecoder(models.codec, batch)
         codes = torch.cat([torch.randint(0, 4096, (batch, 1, args.chunk)),
                            torch.randint(0, 1024, (batch, 9, args.chunk))], 1).cuda()
-        with torch.inference_mode():
+        with torch.inference_mode(), tuning(models.codec.decoder):  # the first call times new shapes
             codec_eager_s = timed(lambda: decoder.decode(codes), 10)
             codec_graph_s = timed(graphed(lambda: decoder.decode(codes)), 20)
         audio_s = batch * args.chunk / FRAMES_PER_AUDIO_SECOND
@@ -138,7 +143,7 @@ def main(argv=None) -> int:
         print(json.dumps(rows[-1]))
     codec_kernels = top_kernels(lambda: decoder.decode(codes)) if args.codec_kernels else None
     result = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "kv": args.kv,
-              "cudnn_benchmark": args.cudnn_benchmark, "codec_snakes": args.codec_snakes,
+              "cudnn_benchmark": args.cudnn_benchmark, "codec_snakes": args.codec_snakes, "codec_convs": args.codec_convs,
               "chunk": args.chunk, "rows": rows, "codec_top_kernels": codec_kernels, "peak_gb": torch.cuda.max_memory_allocated() / 1e9}
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))

@@ -458,3 +458,53 @@ def test_compiled_snakes_decode_full_size_audio_like_eager_ones():
         audio_eager, audio_compiled = graphed_decode(eager), graphed_decode(compiled)
     errors = rel_err(audio_eager, reference), rel_err(audio_compiled, reference), rel_err(audio_compiled, audio_eager)
     assert errors[1] <= 1.1 * errors[0] and errors[2] <= 1.5 * errors[0], errors
+
+
+# --- dilated convs tuned per shape -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dilation, kernel", [(9, 7), (3, 7), (2, 3)])
+def test_im2col_conv_equals_the_convolution(dilation, kernel):
+    from engine.model.tuned_conv import conv1d_im2col
+
+    gen = torch.Generator().manual_seed(dilation)
+    x = torch.randn(3, 6, 40 + (kernel - 1) * dilation, generator=gen, dtype=torch.float64)
+    weight = torch.randn(5, 6, kernel, generator=gen, dtype=torch.float64)
+    bias = torch.randn(5, generator=gen, dtype=torch.float64)
+    expected = torch.nn.functional.conv1d(x, weight, bias, dilation=dilation)
+    assert torch.allclose(conv1d_im2col(x, weight, bias, dilation), expected, rtol=1e-12, atol=1e-12)
+    assert torch.allclose(conv1d_im2col(x, weight, None, dilation), expected - bias[:, None], rtol=1e-12, atol=1e-12)
+
+
+def test_tuned_decoder_convs_share_weights_and_decode_alike(fixture_codec):
+    from engine.model.tuned_conv import ShapeTunedConv1d, tune_dilated_convs, tuning
+
+    codec = copy.deepcopy(fixture_codec)
+    dilated = [m for m in codec.decoder.modules() if type(m) is torch.nn.Conv1d and m.dilation != (1,)]
+    tune_dilated_convs(codec.decoder)
+    tuned = [m for m in codec.decoder.modules() if isinstance(m, ShapeTunedConv1d)]
+    assert len(tuned) == len(dilated) > 0
+    assert all(t.weight is d.weight and t.dilation == d.dilation for t, d in zip(tuned, dilated))
+    assert not any(isinstance(m, ShapeTunedConv1d) for m in codec.encoder.modules())
+    codes = random_codes(codec.config, 2, 12)
+    with torch.inference_mode(), tuning(codec.decoder):  # on the CPU nothing is timed: cuDNN's path
+        assert max_diff(decode_chunked(codec, codes, 4), decode_chunked(fixture_codec, codes, 4)) == 0
+    assert all(not t.tuning and not t.im2col_for for t in tuned)
+
+
+@pytest.mark.gpu
+def test_tuned_convs_time_each_shape_once_and_match_cudnn():
+    from engine.model.tuned_conv import ShapeTunedConv1d, tuning
+
+    conv = torch.nn.Conv1d(384, 384, 7, dilation=9).cuda().to(torch.bfloat16)
+    tuned = ShapeTunedConv1d.like(conv)
+    shapes = [(64, 384, 4150), (1, 384, 310)]
+    with torch.inference_mode():
+        for shape in shapes:
+            x = torch.randn(shape, device="cuda", dtype=torch.bfloat16)
+            expected = conv(x).float()
+            assert torch.equal(tuned(x), conv(x))  # untimed shapes run cuDNN
+            with tuning(tuned):
+                got = tuned(x).float()
+            assert ((got - expected).norm() / expected.norm()).item() < 1e-2
+        assert set(tuned.im2col_for) == {(s, torch.bfloat16) for s in shapes}

@@ -9,6 +9,8 @@ On CUDA the codec runs on its own CUDA stream, so its convolutions overlap the n
 instead of stalling them, and its audio is copied to pinned host memory; `completed()` hands out
 the audio whose copy has landed, oldest first, without waiting. Elsewhere it runs at once.
 
+While it captures, the decoder's dilated convolutions are timed for each shape (engine/model/tuned_conv.py).
+
 With CUDA graphs, the chunk lengths (BLOCK_SIZES, and a stream's shorter last chunk padded to one
 of them) replay a graph captured per (row bucket, length) instead of launching the decoder's
 ~1,500 kernels from Python, which would keep the host (and so the decode steps) waiting. A graph
@@ -30,6 +32,7 @@ from loguru import logger
 
 from ..model.codec import ModdedDAC
 from ..model.codec_stream import Rows, StreamingDecoder
+from ..model.tuned_conv import tuning
 from .cuda_graphs import capture
 from .scheduler import BLOCK, BLOCK_SIZES, Harvest
 from .step_runner import bucket_for, buckets_up_to
@@ -77,7 +80,7 @@ class CodecRunner:
         only while nothing is pending. Returns the seconds it took."""
         started = time.perf_counter()
         captured = len(self._graphs)
-        with torch.inference_mode():
+        with torch.inference_mode(), tuning(self.decoder.codec.decoder):
             for bucket in row_buckets or self.row_buckets:
                 for n in BLOCK_SIZES:
                     self._capture(bucket, n)

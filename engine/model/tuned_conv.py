@@ -1,0 +1,89 @@
+"""Dilated convolutions run by cuDNN or as one matmul (im2col), whichever is faster for the shape.
+
+On an H100 (torch 2.11, cuDNN 9) one of S1-mini's decoder convolutions at batch 64, 384 channels
+with dilation 9 over 4,096 samples, takes cuDNN 18.5 ms, the others of its kind 1.4-3 ms, and the
+same convolution written as a matmul over the input's k shifted copies 3.1 ms (docs/PERFORMANCE.md).
+Which shapes cuDNN handles badly depends on the GPU and cuDNN version, so each shape is timed once,
+both ways, while `tuning()` is on (the codec runner turns it on while it captures its graphs) and
+the faster one kept; shapes never timed run cuDNN.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+
+def conv1d_im2col(x: Tensor, weight: Tensor, bias: Tensor | None, dilation: int) -> Tensor:
+    """F.conv1d(x, weight, bias, dilation=dilation) (stride 1, no padding, one group) as a matmul of the
+    (c_out, k * c_in) weights with the k shifted copies of x stacked on the channels."""
+    k = weight.shape[-1]
+    length = x.shape[-1] - (k - 1) * dilation
+    columns = torch.cat([x[..., j * dilation: j * dilation + length] for j in range(k)], dim=1)
+    out = torch.matmul(weight.permute(0, 2, 1).reshape(weight.shape[0], -1), columns)
+    return out if bias is None else out + bias[:, None]
+
+
+class ShapeTunedConv1d(nn.Conv1d):
+    """A dilated, unpadded, stride-1 Conv1d that runs cuDNN or conv1d_im2col, as timed per input shape."""
+
+    TIMED_CALLS = 3
+
+    @classmethod
+    def like(cls, conv: nn.Conv1d) -> "ShapeTunedConv1d":
+        """The same convolution, sharing conv's parameters."""
+        if conv.stride != (1,) or conv.padding != (0,) or conv.groups != 1:
+            raise ValueError(f"only stride-1, unpadded, ungrouped convs are tuned, not {conv}")
+        tuned = cls(conv.in_channels, conv.out_channels, conv.kernel_size, dilation=conv.dilation,
+                    bias=conv.bias is not None, device="meta")
+        tuned.weight, tuned.bias = conv.weight, conv.bias
+        return tuned
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.tuning = False
+        self.im2col_for: dict[tuple, bool] = {}  # (input shape, dtype) -> whether im2col was faster
+
+    def forward(self, x: Tensor) -> Tensor:
+        key = (tuple(x.shape), x.dtype)
+        use_im2col = self.im2col_for.get(key)
+        if use_im2col is None and self.tuning and x.is_cuda and not torch.cuda.is_current_stream_capturing():
+            use_im2col = self.im2col_for[key] = self._milliseconds(self._im2col, x) < self._milliseconds(super().forward, x)
+        return self._im2col(x) if use_im2col else super().forward(x)
+
+    def _im2col(self, x: Tensor) -> Tensor:
+        return conv1d_im2col(x, self.weight, self.bias, self.dilation[0])
+
+    def _milliseconds(self, fn, x: Tensor) -> float:
+        fn(x)  # plans, workspaces
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(self.TIMED_CALLS):
+            fn(x)
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end)
+
+
+def tune_dilated_convs(module: nn.Module) -> None:
+    """Replace every dilated Conv1d inside `module` by a ShapeTunedConv1d sharing its weights."""
+    for parent in list(module.modules()):
+        for name, child in list(parent.named_children()):
+            if type(child) is nn.Conv1d and child.dilation != (1,):
+                setattr(parent, name, ShapeTunedConv1d.like(child))
+
+
+@contextlib.contextmanager
+def tuning(module: nn.Module):
+    """Time the shapes that the tuned convs inside `module` see meanwhile (CUDA, outside graph capture)."""
+    convs = [m for m in module.modules() if isinstance(m, ShapeTunedConv1d)]
+    for conv in convs:
+        conv.tuning = True
+    try:
+        yield
+    finally:
+        for conv in convs:
+            conv.tuning = False
