@@ -30,6 +30,8 @@ from pathlib import Path
 
 import torch
 
+from loguru import logger
+
 from .device import Placement
 from .errors import CheckpointError, DeviceError, InputError
 from .model.codec import ModdedDAC, WindowLimitedTransformer
@@ -189,6 +191,7 @@ def save_quantized(model: DualARTransformer, directory: Path, mode: str, placeme
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else device.type,
         "torch": torch.__version__,
         "torchao": _torchao_version(),
+        "kept_in_model_dtype": list(_INT8_KEEPS) if mode == "int8" else [],
     }
     (directory / INFO_FILE).write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
 
@@ -230,6 +233,10 @@ def load_quantized(directory: Path, layout: TokenLayout, mode: str, placement: P
             raise
         raise CheckpointError(f"{exc}. Its tensors were saved by torchao {info.get('torchao')} and this is torchao "
                               f"{installed}: quantize again here, or install torchao=={info.get('torchao')}") from None
+    if mode == "int8" and "kept_in_model_dtype" not in info:
+        logger.warning("{} was quantized before int8 kept the QKV projections in {}; it runs, a little slower "
+                       "at one stream than a checkpoint quantized again with scripts/quantize.py", directory,
+                       placement.precision)
     if "embeddings.scale" in state:  # checkpoints saved before the table was quantized have none
         model.embeddings = Int8RowEmbedding.empty_like(model.embeddings)
     check_state_matches(model, state, str(directory / "model.pth"))

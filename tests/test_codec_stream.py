@@ -406,11 +406,16 @@ def test_compile_activations_swaps_the_decoders_snakes_only(fixture_codec):
     from engine.model.codec import Snake1d, snake
 
     codec = copy.deepcopy(fixture_codec)
-    compiled_from = []
+    compiled_from, calls = [], []
 
     def fake_compile(fn):
         compiled_from.append(fn)
-        return lambda x, alpha, eps: fn(x, alpha, eps)
+
+        def counted(x, alpha, eps):
+            calls.append(x.shape)
+            return fn(x, alpha, eps)
+
+        return counted
 
     codec.decoder.compile_activations(fake_compile)
     assert compiled_from == [snake]  # compiled once, shared by every Snake
@@ -422,6 +427,7 @@ def test_compile_activations_swaps_the_decoders_snakes_only(fixture_codec):
     codes = random_codes(codec.config, 1, 8)
     with torch.inference_mode():
         assert torch.equal(codec.decode(codes), fixture_codec.decode(codes))
+    assert len(calls) == len(decoder_snakes)  # the decode ran every Snake through the swapped-in function
 
 
 @pytest.mark.gpu
@@ -457,7 +463,7 @@ def test_compiled_snakes_decode_full_size_audio_like_eager_ones():
         reference = fp32.decode(codes)
         audio_eager, audio_compiled = graphed_decode(eager), graphed_decode(compiled)
     errors = rel_err(audio_eager, reference), rel_err(audio_compiled, reference), rel_err(audio_compiled, audio_eager)
-    assert errors[1] <= 1.1 * errors[0] and errors[2] <= 1.5 * errors[0], errors
+    assert errors[1] <= 1.3 * errors[0] and errors[2] <= 1.5 * errors[0], errors
 
 
 # --- dilated convs tuned per shape -------------------------------------------------------------------
@@ -474,6 +480,19 @@ def test_im2col_conv_equals_the_convolution(dilation, kernel):
     expected = torch.nn.functional.conv1d(x, weight, bias, dilation=dilation)
     assert torch.allclose(conv1d_im2col(x, weight, bias, dilation), expected, rtol=1e-12, atol=1e-12)
     assert torch.allclose(conv1d_im2col(x, weight, None, dilation), expected - bias[:, None], rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("part_bytes", [256 << 20, 1])  # one part; then one batch row per part
+def test_a_tuned_conv_that_chose_im2col_computes_the_convolution(part_bytes, monkeypatch):
+    from engine.model import tuned_conv
+
+    monkeypatch.setattr(tuned_conv, "IM2COL_BYTES", part_bytes)
+    conv = torch.nn.Conv1d(6, 5, 7, dilation=3).double()
+    tuned = tuned_conv.ShapeTunedConv1d.like(conv)
+    x = torch.randn(3, 6, 58, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    tuned.im2col_for[(tuple(x.shape), x.dtype)] = True  # as if timing had chosen it
+    with torch.inference_mode():
+        assert torch.allclose(tuned(x), conv(x), rtol=1e-12, atol=1e-12)
 
 
 def test_tuned_decoder_convs_share_weights_and_decode_alike(fixture_codec):

@@ -227,7 +227,7 @@ def test_saved_int8_checkpoint_loads_as_saved_and_matches_quantizing_in_memory(
         int8_checkpoint, tiny_checkpoint, s1_expected, monkeypatch):
     info = json.loads((int8_checkpoint / INFO_FILE).read_text())
     assert info["mode"] == "int8" and info["precision"] == "fp32" and info["device_kind"] == "cpu"
-    assert {"torch", "torchao"} <= info.keys()
+    assert {"torch", "torchao"} <= info.keys() and info["kept_in_model_dtype"] == ["attention.wqkv"]
     in_memory = load_models(EngineConfig(checkpoint=str(tiny_checkpoint), quantize="int8", device="cpu"))
 
     def no_quantizing(*args):
@@ -236,6 +236,7 @@ def test_saved_int8_checkpoint_loads_as_saved_and_matches_quantizing_in_memory(
     monkeypatch.setattr("engine.loader.quantize_models", no_quantizing)
     saved = load_models(EngineConfig(checkpoint=str(int8_checkpoint), quantize="int8", device="cpu"))
     assert type(saved.model.layers[0].feed_forward.w13.weight).__name__ == "Int8Tensor"
+    assert type(saved.model.layers[0].attention.wqkv.weight) is torch.nn.Parameter  # as quantize_transformer leaves it
     assert type(saved.model.output.weight) is torch.nn.Parameter  # heads stay plain
     columns = s1_expected["fwd_sequence"]
     assert all(torch.equal(a, b) for a, b in zip(head_logits(saved.model, columns), head_logits(in_memory.model, columns)))

@@ -5,7 +5,10 @@ with dilation 9 over 4,096 samples, takes cuDNN 18.5 ms, the others of its kind 
 same convolution written as a matmul over the input's k shifted copies 3.1 ms (docs/PERFORMANCE.md).
 Which shapes cuDNN handles badly depends on the GPU and cuDNN version, so each shape is timed once,
 both ways, while `tuning()` is on (the codec runner turns it on while it captures its graphs) and
-the faster one kept; shapes never timed run cuDNN.
+the faster one kept (im2col only when clearly faster: near ties keep cuDNN, so a restart makes the
+same choice); shapes never timed run cuDNN. Timing and choices live on the one thread that drives the
+codec (the engine's GPU worker). Only plain nn.Conv1d are tuned: the codec's weight norm must be fused
+first, as every loaded codec's is for inference.
 """
 
 from __future__ import annotations
@@ -17,20 +20,31 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 
+# The stacked copies are k times the input: built this many bytes at a time (a few batch rows), so
+# that a graph's memory pool does not keep gigabytes of them at large batches.
+IM2COL_BYTES = 256 << 20
+
+
 def conv1d_im2col(x: Tensor, weight: Tensor, bias: Tensor | None, dilation: int) -> Tensor:
     """F.conv1d(x, weight, bias, dilation=dilation) (stride 1, no padding, one group) as a matmul of the
     (c_out, k * c_in) weights with the k shifted copies of x stacked on the channels."""
     k = weight.shape[-1]
     length = x.shape[-1] - (k - 1) * dilation
-    columns = torch.cat([x[..., j * dilation: j * dilation + length] for j in range(k)], dim=1)
-    out = torch.matmul(weight.permute(0, 2, 1).reshape(weight.shape[0], -1), columns)
+    flat_weight = weight.permute(0, 2, 1).reshape(weight.shape[0], -1)
+    rows_per_part = max(1, IM2COL_BYTES // (k * x[0].numel() * x.element_size()))
+    parts = []
+    for part in x.split(rows_per_part):
+        columns = torch.cat([part[..., j * dilation: j * dilation + length] for j in range(k)], dim=1)
+        parts.append(torch.matmul(flat_weight, columns))
+    out = parts[0] if len(parts) == 1 else torch.cat(parts)
     return out if bias is None else out + bias[:, None]
 
 
 class ShapeTunedConv1d(nn.Conv1d):
     """A dilated, unpadded, stride-1 Conv1d that runs cuDNN or conv1d_im2col, as timed per input shape."""
 
-    TIMED_CALLS = 3
+    TIMED_CALLS = 5
+    IM2COL_MARGIN = 0.9  # im2col is chosen only below this fraction of cuDNN's time
 
     @classmethod
     def like(cls, conv: nn.Conv1d) -> "ShapeTunedConv1d":
@@ -51,7 +65,8 @@ class ShapeTunedConv1d(nn.Conv1d):
         key = (tuple(x.shape), x.dtype)
         use_im2col = self.im2col_for.get(key)
         if use_im2col is None and self.tuning and x.is_cuda and not torch.cuda.is_current_stream_capturing():
-            use_im2col = self.im2col_for[key] = self._milliseconds(self._im2col, x) < self._milliseconds(super().forward, x)
+            im2col_ms, cudnn_ms = self._milliseconds(self._im2col, x), self._milliseconds(super().forward, x)
+            use_im2col = self.im2col_for[key] = im2col_ms < self.IM2COL_MARGIN * cudnn_ms
         return self._im2col(x) if use_im2col else super().forward(x)
 
     def _im2col(self, x: Tensor) -> Tensor:
