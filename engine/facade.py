@@ -46,7 +46,27 @@ class ReferenceInput:
 class SynthesisResult:
     sample_rate: int
     audio: np.ndarray  # float32 mono
-    stats: dict = field(default_factory=dict)  # audio_s, total_s, ttfa_s, rtf, frames
+    stats: dict = field(default_factory=dict)  # audio_s, total_s, ttfa_s, rtf, frames, timeline_ms
+
+
+# A request's stages, each timed from the one before (see request_timeline).
+TIMELINE_STAGES = ("prepared", "started", "voice_ready", "first_frames", "first_audio")
+
+
+def request_timeline(called: float, submitted: float, marks: dict[str, float], ttfa_s: float | None) -> dict[str, float]:
+    """Milliseconds each stage a request reached took after the one before: prepared (text split,
+    reference audio read, on the caller's thread), started (waiting for the GPU worker),
+    voice_ready (reference clips encoded or found cached), first_frames (admission, prefill and the
+    first decode steps), first_audio (the codec, until the caller received audio)."""
+    times = {"prepared": submitted, **marks}
+    if ttfa_s is not None:
+        times["first_audio"] = submitted + ttfa_s
+    timeline, previous = {}, called
+    for stage in TIMELINE_STAGES:
+        if stage in times:
+            timeline[stage] = (times[stage] - previous) * 1000
+            previous = times[stage]
+    return timeline
 
 
 class TTSEngine:
@@ -175,6 +195,7 @@ class TTSEngine:
         return bool(self._synthesizer.runner.pending_batches)
 
     def _stream_chunks(self, text, references, voice, params, stats: dict) -> Iterator[AudioChunk]:
+        called = time.perf_counter()
         request = self._prepare(text, references, voice, params)
         started = time.perf_counter()
         job = self._worker.submit(lambda j: self._synthesizer.start(request, j))
@@ -197,6 +218,9 @@ class TTSEngine:
                      frames_per_s=frames / total if total else None, seed=request.seed)
         self._last_frames_per_s = stats["frames_per_s"]
         self._count(requests_total=1, frames_total=frames, audio_seconds_total=audio_s)
+        stats["timeline_ms"] = timeline = request_timeline(called, started, job.marks, stats.get("ttfa_s"))
+        logger.info("request: {:.1f} s of audio in {:.2f} s; {}", audio_s, total,
+                    ", ".join(f"{stage} {ms:.0f} ms" for stage, ms in timeline.items()))
 
     def _prepare(self, text, references, voice, params) -> PreparedRequest:
         params = params or SamplingParams()

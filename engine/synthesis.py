@@ -178,8 +178,10 @@ class RequestRun:
         self.job.finish(exc)
 
     def begin(self) -> None:
+        self.job.mark("started")
         self._use_voice([(text, self.synth.reference_cache.get_codes(samples))
                          for samples, text in self.request.references])
+        self.job.mark("voice_ready")
         self._queue_chunk(0)
 
     def _use_voice(self, voice: list[tuple[str, torch.Tensor]]) -> None:
@@ -189,6 +191,7 @@ class RequestRun:
 
     def harvested(self, codes: torch.Tensor) -> None:
         """The chunk's next frames (num_codebooks, n), as they leave the scheduler."""
+        self.job.mark("first_frames")
         if not self.request.references and self.index == 0 and len(self.request.chunks) > 1:
             self._first_chunk_codes.append(codes.clone())  # the voice of the next chunks (a device copy)
 

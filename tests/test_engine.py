@@ -110,6 +110,19 @@ def test_same_seed_same_audio_and_other_seed_differs(engine):
     assert first.stats["ttfa_s"] <= first.stats["total_s"]
 
 
+def test_a_request_reports_how_long_each_stage_took(engine):
+    from engine.facade import TIMELINE_STAGES, request_timeline
+
+    result = engine.synthesize("Timed stages.", params=FAST)
+    timeline = result.stats["timeline_ms"]
+    assert list(timeline) == list(TIMELINE_STAGES) and all(ms >= 0 for ms in timeline.values())
+    after_submit = sum(ms for stage, ms in timeline.items() if stage != "prepared")
+    assert after_submit == pytest.approx(result.stats["ttfa_s"] * 1000)
+    # Stages a request never reached are left out; each is timed from the last one it reached.
+    assert request_timeline(1.0, 1.5, {"started": 2.0, "voice_ready": 4.0}, None) == {
+        "prepared": 500.0, "started": 500.0, "voice_ready": 2000.0}
+
+
 def test_stream_yields_the_same_audio_as_synthesize(engine):
     text = "First sentence here. " * 8 + "And a last one."
     params = SamplingParams(max_new_tokens=10, seed=3, chunk_length=100)

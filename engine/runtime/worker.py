@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from typing import Any, Callable, Iterator
 
 from loguru import logger
@@ -32,8 +33,12 @@ class Job:
         self._cancelled = threading.Event()
         self._finished = False
         self._on_finish = on_finish
+        self.marks: dict[str, float] = {}  # when the job reached each named stage (perf_counter), first time only
 
     # ---- worker side
+    def mark(self, stage: str) -> None:
+        self.marks.setdefault(stage, time.perf_counter())
+
     def emit(self, item: Any) -> None:
         self._outputs.put(item)
 
