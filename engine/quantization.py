@@ -29,7 +29,6 @@ import json
 from pathlib import Path
 
 import torch
-
 from loguru import logger
 
 from .device import Placement

@@ -52,9 +52,8 @@ def graphed(fn):
 
 def top_kernels(fn, calls: int = 5, top: int = 15) -> list[tuple[str, float, float]]:
     """(kernel name, launches per call, GPU us per call) of fn's most expensive kernel kinds."""
-    from collections import defaultdict
-
     import torch
+    from profile_step import kernel_kinds
     from torch.profiler import ProfilerActivity, profile
 
     with torch.inference_mode():
@@ -64,12 +63,7 @@ def top_kernels(fn, calls: int = 5, top: int = 15) -> list[tuple[str, float, flo
             for _ in range(calls):
                 fn()
             torch.cuda.synchronize()
-    by_name = defaultdict(lambda: [0, 0.0])
-    for event in prof.events():
-        if event.device_type.name == "CUDA":
-            by_name[event.name][0] += 1
-            by_name[event.name][1] += event.device_time
-    rows = sorted(((name, n / calls, us / calls) for name, (n, us) in by_name.items()), key=lambda r: -r[2])
+    rows = kernel_kinds([e for e in prof.events() if e.device_type.name == "CUDA"], calls)
     for name, n, us in rows[:top]:
         print(f"{us:9.1f} us/chunk {n:6.1f}x  {name[:100]}")
     print(f"codec: {sum(r[2] for r in rows):.0f} us of GPU per chunk in {sum(r[1] for r in rows):.0f} kernels")

@@ -87,17 +87,12 @@ def main(argv=None) -> int:
     kernels = sorted((e for e in prof.events() if e.device_type.name == "CUDA"), key=lambda e: e.time_range.start)
     per_frame = max(len(kernels) // args.frames, 1)
     total_us = sum(e.device_time for e in kernels)
-    by_name = defaultdict(lambda: [0, 0.0])
-    for k in kernels:
-        by_name[k.name][0] += 1
-        by_name[k.name][1] += k.device_time
     result = {
         "device": torch.cuda.get_device_name(0), "torch": torch.__version__, "compile": policy.describe(),
         "quantize": args.quantize, "pdl": args.pdl, "inductor": args.inductor,
         "batch": args.batch, "kv_bucket": args.kv, "graphed_ms_per_frame": graphed_ms, "graphed_frames_per_s": args.batch * 1000 / graphed_ms,
         "kernels_per_frame": len(kernels) / args.frames, "gpu_ms_per_frame": total_us / args.frames / 1000,
-        "top_kernels": sorted(((n, cnt / args.frames, t / args.frames) for n, (cnt, t) in by_name.items()),
-                              key=lambda r: -r[2])[:25],
+        "top_kernels": kernel_kinds(kernels, args.frames)[:25],
         # One frame's kernels in launch order (the last frame profiled): where fusion breaks shows here.
         "frame_kernels": [[k.name, round(k.device_time, 2)] for k in kernels[-per_frame:]],
     }
@@ -108,6 +103,15 @@ def main(argv=None) -> int:
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))
     return 0
+
+
+def kernel_kinds(kernels, calls: int) -> list[tuple[str, float, float]]:
+    """(kernel name, launches per call, GPU us per call) of profiled CUDA kernels, the costliest first."""
+    by_name = defaultdict(lambda: [0, 0.0])
+    for kernel in kernels:
+        by_name[kernel.name][0] += 1
+        by_name[kernel.name][1] += kernel.device_time
+    return sorted(((name, n / calls, us / calls) for name, (n, us) in by_name.items()), key=lambda r: -r[2])
 
 
 def set_inductor_config(setting: str) -> None:
