@@ -47,3 +47,33 @@ def test_a_sequence_decodes_the_same_alone_or_in_a_batch(s1_dir, s1_expected):
         alone = decode(runner_for(model, 1), [(0, prompt, t, top_p, rp, seed)], frames=20)[0]
         assert torch.equal(together[slot], alone), f"slot {slot}"
     assert not torch.equal(together[0], together[2])  # the seed matters
+
+
+def test_prefilling_rows_together_writes_the_kv_each_row_gets_alone(s1_dir, s1_expected, monkeypatch):
+    from engine.runtime import step_runner
+
+    ids = s1_expected["special_ids"]
+    model = load_dual_ar(s1_dir, TokenLayout(ids["semantic_begin"], ids["semantic_end"], ids["im_end"]),
+                         "cpu", torch.float32)
+    prompt_a, prompt_b = s1_expected["prompt_a"].long(), s1_expected["prompt_b"].long()
+    # Slots 0-2: one call (prompts of different lengths, slot 2's starting after 5 columns already
+    # in place); slot 3 would pass the column limit of three of the longest rows, and slot 5 is
+    # not next to it: each goes alone.
+    monkeypatch.setattr(step_runner, "PREFILL_COLUMNS", 3 * (prompt_b.shape[1] - 1))
+    rows = [(5, prompt_a, 0), (0, prompt_b, 0), (1, prompt_a, 0), (2, prompt_b, 5), (3, prompt_a, 0)]
+    together, alone = runner_for(model, 6), runner_for(model, 6)
+    for runner in (together, alone):  # the columns before slot 2's start, as a voice prefix would be
+        runner.prefill(2, prompt_b, 0, 5)
+    calls = []
+    prefill_rows = together._prefill_rows
+    monkeypatch.setattr(together, "_prefill_rows", lambda group: calls.append([r[0] for r in group]) or prefill_rows(group))
+    together.prefill_many(rows)
+    for slot, prompt, start in rows:
+        alone.prefill(slot, prompt, start)
+    assert calls == [[0, 1, 2]]
+    for slot, prompt, _ in rows:
+        written = prompt.shape[1] - 1
+        torch.testing.assert_close(together.cache.k[:, slot, :, :written], alone.cache.k[:, slot, :, :written],
+                                   atol=1e-5, rtol=0)
+        torch.testing.assert_close(together.cache.v[:, slot, :, :written], alone.cache.v[:, slot, :, :written],
+                                   atol=1e-5, rtol=0)

@@ -154,6 +154,32 @@ def test_a_sequence_that_cannot_start_fails_alone(model, specs):
     assert good.finished and torch.equal(good.codes, alone(model, specs[3]).codes)
 
 
+def test_a_sequence_whose_prefill_fails_in_a_batch_fails_alone(model, specs, monkeypatch):
+    scheduler = scheduler_for(model, 2)
+    runner = scheduler.runner
+    plain_prefill, batches = runner.prefill, []
+
+    def prefill(slot, prompt, start=0, end=None):  # the row of specs[3] cannot be prefilled
+        if prompt is specs[3].prompt:
+            raise RuntimeError("prefill failed")
+        plain_prefill(slot, prompt, start, end)
+
+    def prefill_rows(rows):
+        batches.append(len(rows))
+        raise RuntimeError("batched prefill failed")
+
+    monkeypatch.setattr(runner, "prefill", prefill)
+    monkeypatch.setattr(runner, "_prefill_rows", prefill_rows)
+    bad, good = Collector(), Collector()
+    scheduler.submit(specs[3], bad)
+    scheduler.submit(specs[1], good)
+    run_until_idle(scheduler)
+    assert batches == [2]
+    assert isinstance(bad.error, RuntimeError) and not bad.blocks
+    assert good.finished and good.error is None and torch.equal(good.codes, alone(model, specs[1]).codes)
+    assert scheduler.free_slots == 2 and not scheduler.busy
+
+
 class PartlyCaptured(StepRunner):
     """A runner whose graphs exist for `ready_slots` rows so far, with `pending` batch buckets to capture."""
 

@@ -3,11 +3,12 @@ leave as soon as they finish or their caller goes away.
 
 One `iteration()` (on the GPU worker thread):
   1. drops cancelled sequences, running or waiting, freeing their slots at once;
-  2. admits waiting sequences into free slots: their prompt is prefilled (the voice prefix copied
-     from the prefix cache when it is there) and their row of the decode state started; at most
-     as many sequences run as the runner has graphs for (`ready_slots`), and while more are asking
-     than that and larger batch graphs are still to capture, none is admitted: the running ones
-     finish, and the caller captures the graphs the demand needs (`needs_capture`);
+  2. admits waiting sequences into free slots: their prompts are prefilled together in one batched
+     call (the voice prefix copied from the prefix cache when it is there), and their rows of the
+     decode state started; at most as many sequences run as the runner has graphs for
+     (`ready_slots`), and while more are asking than that and larger batch graphs are still to
+     capture, none is admitted: the running ones finish, and the caller captures the graphs the
+     demand needs (`needs_capture`);
   3. runs one batched decode step for every slot up to the highest one in use (a CUDA-graph
      replay for the batch and kv-length buckets; idle rows inside the bucket stand still);
   4. every so often reads back how many frames each slot has before `<|im_end|>`, and hands out
@@ -31,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
+from loguru import logger
 from torch import Tensor
 
 from ..errors import Cancelled
@@ -102,10 +104,11 @@ class _Running:
     steps: int = 0  # frames generated so far
     emitted: int = 0  # frames handed out
     harvested: bool = False
+    text_start: int = 0  # the first prompt column prefilled at admission (after a voice prefix served by the cache)
 
 
 class Scheduler:
-    def __init__(self, runner: StepRunner, prefix_cache: PrefixCache | None = None, max_admit_per_step: int = 8):
+    def __init__(self, runner: StepRunner, prefix_cache: PrefixCache | None = None, max_admit_per_step: int = 16):
         self.runner = runner
         self.prefix_cache = prefix_cache
         self.max_admit_per_step = max_admit_per_step
@@ -193,34 +196,59 @@ class Scheduler:
             return  # drain: the caller captures larger batch graphs once nothing runs
         # At least one row: without any graph, the step itself reports what is missing.
         limit = min(self.n_slots, max(self.runner.ready_slots, 1))
-        admitted = 0
-        while self._waiting and len(self._running) < limit and admitted < self.max_admit_per_step:
+        free = sorted(set(range(self.n_slots)) - self._running.keys())
+        admitted: list[_Running] = []
+        while self._waiting and len(self._running) + len(admitted) < limit and len(admitted) < self.max_admit_per_step:
             spec, owner = self._waiting.popleft()
-            slot = min(set(range(self.n_slots)) - self._running.keys())
+            seq = _Running(spec, owner, free[len(admitted)], spec.prompt.shape[1], 0)
             try:
-                budget = frame_budget(spec.prompt.shape[1], spec.max_new_tokens, self.runner.cache.capacity)
-                self._prefill(slot, spec)
-                self.runner.state.start(slot, spec.prompt[:, -1], spec.prompt.shape[1] - 1, spec.temperature,
-                                        spec.top_p, spec.repetition_penalty, spec.noise_key)
+                seq.budget = frame_budget(spec.prompt.shape[1], spec.max_new_tokens, self.runner.cache.capacity)
+                seq.text_start = self._prefill_prefix(seq.slot, spec)
             except Exception as exc:  # this sequence's fault (or its prefill's): it alone fails
                 owner.fail(exc)
                 continue
-            self._running[slot] = _Running(spec, owner, slot, spec.prompt.shape[1], budget)
-            admitted += 1
+            admitted.append(seq)
+        for seq in self._prefill_texts(admitted):
+            spec = seq.spec
+            self.runner.state.start(seq.slot, spec.prompt[:, -1], spec.prompt.shape[1] - 1, spec.temperature,
+                                    spec.top_p, spec.repetition_penalty, spec.noise_key)
+            self._running[seq.slot] = seq
 
-    def _prefill(self, slot: int, spec: SequenceSpec) -> None:
-        runner, prefix = self.runner, spec.prefix_length
+    def _prefill_prefix(self, slot: int, spec: SequenceSpec) -> int:
+        """Put the sequence's voice prefix in its slot when the prefix cache serves it; returns the
+        first prompt column still to prefill."""
+        prefix = spec.prefix_length
         usable = (self.prefix_cache is not None and spec.prefix_key is not None
                   and MIN_PREFIX <= prefix < spec.prompt.shape[1])
         if not usable:
-            runner.prefill(slot, spec.prompt)
-            return
+            return 0
         # The prefix is always prefilled on its own, hit or miss, so a sequence's KV (and so its
         # frames) does not depend on whether its voice was cached.
         if not self.prefix_cache.load(spec.prefix_key, slot, prefix):
-            runner.prefill(slot, spec.prompt, 0, prefix)
+            self.runner.prefill(slot, spec.prompt, 0, prefix)
             self.prefix_cache.store(spec.prefix_key, slot, prefix)
-        runner.prefill(slot, spec.prompt, prefix)
+        return prefix
+
+    def _prefill_texts(self, admitted: list[_Running]) -> list[_Running]:
+        """Prefill the rest of every admitted prompt, together; returns the sequences that can run.
+        If the batched call fails, each is retried alone, so that only a faulty one fails."""
+        try:
+            self.runner.prefill_many([(seq.slot, seq.spec.prompt, seq.text_start) for seq in admitted])
+            return admitted
+        except Exception as exc:
+            if len(admitted) == 1:
+                admitted[0].owner.fail(exc)
+                return []
+            logger.warning("a batched prefill of {} sequences failed ({}): prefilling them one at a time",
+                           len(admitted), exc)
+        ready = []
+        for seq in admitted:
+            try:
+                self.runner.prefill(seq.slot, seq.spec.prompt, seq.text_start)
+                ready.append(seq)
+            except Exception as exc:
+                seq.owner.fail(exc)
+        return ready
 
     def _step(self) -> None:
         batch = max(self._running) + 1
