@@ -15,7 +15,7 @@ from engine.model.dual_ar import TokenLayout
 from engine.model.loading import load_dual_ar
 from engine.runtime.kv_cache import KVCache
 from engine.runtime.prefix_cache import PrefixCache
-from engine.runtime.scheduler import Scheduler, SequenceSpec
+from engine.runtime.scheduler import ADMIT_GATHER_STEPS, Scheduler, SequenceSpec
 from engine.runtime.step_runner import StepRunner
 from engine.text.prompt import text_part, voice_prefix
 from engine.text.tokenizer import S1Tokenizer
@@ -125,10 +125,35 @@ def test_cancelling_frees_the_slot_at_the_next_iteration(model, specs):
     drop.cancelled = True
     scheduler.iteration()
     assert isinstance(drop.error, Cancelled)
-    assert scheduler.running == 2 and scheduler.waiting == 0  # its slot went straight to the waiting one
+    assert scheduler.running + scheduler.waiting == 2  # its slot is free at once
+    for _ in range(ADMIT_GATHER_STEPS):  # the waiting sequence takes it once it waited for company
+        for h in scheduler.iteration():
+            h.owner.take(h.codes, h.first, h.final)
+    assert scheduler.running == 2 and scheduler.waiting == 0
     run_until_idle(scheduler)
     assert torch.equal(keep.codes, alone(model, specs[0]).codes)
     assert torch.equal(waiting.codes, alone(model, specs[2]).codes)
+
+
+def test_arrivals_while_others_run_wait_a_few_steps_to_be_admitted_together(model, specs):
+    scheduler = scheduler_for(model, 4)
+    scheduler.max_admit_per_step = 4
+    owners = [Collector() for _ in range(4)]
+    scheduler.submit(specs[0], owners[0])
+    scheduler.iteration()
+    assert scheduler.running == 1  # nothing ran: admitted at once
+    scheduler.submit(specs[1], owners[1])
+    scheduler.iteration()
+    scheduler.submit(specs[2], owners[2])
+    running = []
+    for _ in range(ADMIT_GATHER_STEPS):
+        scheduler.iteration()
+        running.append(scheduler.running)
+    # Both in one admission, ADMIT_GATHER_STEPS steps after the first arrived (one step before the loop).
+    assert running == [1] * (ADMIT_GATHER_STEPS - 1) + [3]
+    scheduler.submit(specs[3], owners[3], front=True)  # a request's next text chunk: its listener waits
+    scheduler.iteration()
+    assert scheduler.running == 4
 
 
 def test_a_cancelled_waiting_sequence_never_runs(model, specs):

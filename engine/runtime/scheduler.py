@@ -5,7 +5,8 @@ One `iteration()` (on the GPU worker thread):
   1. drops cancelled sequences, running or waiting, freeing their slots at once;
   2. admits waiting sequences into free slots: their prompts are prefilled together in one batched
      call (the voice prefix copied from the prefix cache when it is there), and their rows of the
-     decode state started; at most as many sequences run as the runner has graphs for
+     decode state started; while others run, a new arrival waits a few steps for company
+     (ADMIT_GATHER_STEPS), so that arrivals one by one do not cost a prefill call each; at most as many sequences run as the runner has graphs for
      (`ready_slots`), and while more are asking than that and larger batch graphs are still to
      capture, none is admitted: the running ones finish, and the caller captures the graphs the
      demand needs (`needs_capture`);
@@ -48,6 +49,10 @@ BLOCK_SIZES = (*RAMP, BLOCK)  # every non-final hand-out has one of these length
 RAMP_END = sum(RAMP)
 # A prefix shorter than this is cheaper to prefill than to look up and copy.
 MIN_PREFIX = 16
+# While sequences run, a new arrival waits up to this many steps for others to arrive and be
+# admitted with it: a prefill call costs ~15-25 ms of host time however many rows it has (H100),
+# and requests arriving one by one would otherwise stall every running sequence once each.
+ADMIT_GATHER_STEPS = 4
 
 
 class Owner(Protocol):
@@ -121,11 +126,18 @@ class Scheduler:
         # Two buffers: the snapshot of this step is written while the last one is being read.
         self._host = [torch.zeros(2, self.n_slots, dtype=torch.int64, pin_memory=pinned) for _ in range(2)]
         self._flip = 0
+        self._steps = 0  # batched steps run so far
+        self._admit_at = 0  # the step from which the waiting sequences are admitted (see ADMIT_GATHER_STEPS)
 
     # ---- queue --------------------------------------------------------------------------------
 
     def submit(self, spec: SequenceSpec, owner: Owner, *, front: bool = False) -> None:
-        """Queue a sequence; front=True for the next text chunk of a request already running."""
+        """Queue a sequence; front=True for the next text chunk of a request already running (it is
+        admitted without waiting for others: its listener is waiting)."""
+        if front:
+            self._admit_at = self._steps
+        elif not self._waiting:
+            self._admit_at = self._steps + ADMIT_GATHER_STEPS
         (self._waiting.appendleft if front else self._waiting.append)((spec, owner))
 
     @property
@@ -194,6 +206,8 @@ class Scheduler:
     def _admit(self) -> None:
         if self.needs_capture:
             return  # drain: the caller captures larger batch graphs once nothing runs
+        if self._running and self._steps < self._admit_at and len(self._waiting) < self.max_admit_per_step:
+            return  # gather arrivals for one prefill call (see ADMIT_GATHER_STEPS)
         # At least one row: without any graph, the step itself reports what is missing.
         limit = min(self.n_slots, max(self.runner.ready_slots, 1))
         free = sorted(set(range(self.n_slots)) - self._running.keys())
@@ -254,6 +268,7 @@ class Scheduler:
         batch = max(self._running) + 1
         kv_needed = max(s.prompt_len + s.steps for s in self._running.values())
         self.runner.step(batch, kv_needed)
+        self._steps += 1
         for seq in self._running.values():
             seq.steps += 1
         due = {slot: self._due(seq) for slot, seq in self._running.items()}
