@@ -74,10 +74,7 @@ class TTSEngine:
         self.config = config
         self.models = models
         cache_dir = default_cache_dir(config.cache_dir)
-        self.reference_cache = ReferenceCodeCache(
-            lambda samples: self._synthesizer.encode_reference(samples),
-            cache_dir / "reference-codes", fingerprint=models.fingerprint,
-        )
+        self.reference_cache = ReferenceCodeCache(cache_dir / "reference-codes", fingerprint=models.fingerprint)
         self.policy = compilation.decide(config.compile, models.placement.device, compile_mode=config.compile_mode,
                                           quantize=config.quantize)
         if self.policy.compile:

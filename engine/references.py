@@ -17,7 +17,6 @@ import threading
 import uuid
 from collections import OrderedDict
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import platformdirs
@@ -65,29 +64,21 @@ def content_hash(data: bytes | bytearray | memoryview | np.ndarray) -> str:
 class ReferenceCodeCache:
     """Codec codes of reference clips, keyed by the clip's samples and the codec's fingerprint.
 
-    `encode_fn` maps 44.1 kHz mono float32 samples to integer codes (num_codebooks, T). Entries live
-    in a memory LRU of `max_items` and, when `cache_dir` is given, as `<key>.pt` files there.
-    `fingerprint` must differ between codecs (e.g. checkpoint path + file hash) so that codes of one
-    codec are never served for another. Safe to call from several threads; a clip being encoded by
-    one thread is not encoded again by another.
+    The engine looks a clip up, encodes it itself when no cache has it (on the GPU worker, see
+    Synthesizer.voice_codes) and `put`s the codes. Entries live in a memory LRU of `max_items` and,
+    when `cache_dir` is given, as `<key>.pt` files there, so a clip is encoded once across
+    restarts. `fingerprint` must differ between codecs (e.g. checkpoint path + file hash) so that
+    codes of one codec are never served for another. Safe to call from several threads.
     """
 
-    def __init__(
-        self,
-        encode_fn: Callable[[np.ndarray], torch.Tensor],
-        cache_dir: Path | None,
-        max_items: int = 64,
-        fingerprint: str = "",
-    ):
+    def __init__(self, cache_dir: Path | None, max_items: int = 64, fingerprint: str = ""):
         if max_items < 1:
             raise ValueError(f"max_items must be at least 1, got {max_items}")
-        self._encode_fn = encode_fn
         self._cache_dir = Path(cache_dir) if cache_dir is not None else None
         self._max_items = max_items
         self._fingerprint = fingerprint
         self._memory: OrderedDict[str, torch.Tensor] = OrderedDict()
         self._lock = threading.Lock()
-        self._key_locks: dict[str, threading.Lock] = {}
         self.memory_hits = 0
         self.disk_hits = 0
         self.misses = 0
@@ -111,25 +102,24 @@ class ReferenceCodeCache:
     def key(self, samples: np.ndarray) -> str:
         return hashlib.sha256(f"{self._fingerprint}\n{content_hash(samples)}".encode()).hexdigest()
 
-    def get_codes(self, samples: np.ndarray) -> torch.Tensor:
-        """Codes of `samples` (a copy the caller may modify)."""
+    def lookup(self, samples: np.ndarray) -> tuple[str, torch.Tensor | None]:
+        """The clip's key, and its codes (a copy) when memory or disk has them; with None, the
+        caller encodes the clip itself and hands the codes to `put`."""
         key = self.key(samples)
-        with self._lock:
-            codes = self._memory_get(key)
-            if codes is not None:
-                self.memory_hits += 1
-                return codes.clone()
-            key_lock = self._key_locks.setdefault(key, threading.Lock())
-        try:
-            with key_lock:
-                return self._load_or_encode(key, samples).clone()
-        finally:
-            with self._lock:
-                if self._key_locks.get(key) is key_lock:
-                    del self._key_locks[key]
+        codes = self._cached(key)
+        return key, None if codes is None else codes.clone()
 
-    def _load_or_encode(self, key: str, samples: np.ndarray) -> torch.Tensor:
-        with self._lock:  # another thread may have finished this key while we waited
+    def put(self, key: str, codes: torch.Tensor) -> torch.Tensor:
+        """Keep the freshly encoded codes of the clip `key` (in memory and on disk); returns them."""
+        codes = _checked_codes(codes)
+        self._write_disk(key, codes)
+        with self._lock:
+            self.misses += 1
+            self._memory_put(key, codes)
+        return codes
+
+    def _cached(self, key: str) -> torch.Tensor | None:
+        with self._lock:
             codes = self._memory_get(key)
             if codes is not None:
                 self.memory_hits += 1
@@ -139,12 +129,6 @@ class ReferenceCodeCache:
             with self._lock:
                 self.disk_hits += 1
                 self._memory_put(key, codes)
-            return codes
-        codes = _checked_codes(self._encode_fn(samples))
-        self._write_disk(key, codes)
-        with self._lock:
-            self.misses += 1
-            self._memory_put(key, codes)
         return codes
 
     def _memory_get(self, key: str) -> torch.Tensor | None:

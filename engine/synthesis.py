@@ -27,7 +27,7 @@ from .references import ReferenceCodeCache
 from .runtime.codec_runner import CodecRunner
 from .runtime.kv_cache import KVCache
 from .runtime.prefix_cache import PrefixCache
-from .runtime.reference_encoder import ReferenceEncoder
+from .runtime.reference_encoder import EncodeHandle, ReferenceEncoder
 from .runtime.scheduler import Scheduler, SequenceSpec
 from .runtime.step_runner import StepRunner
 from .runtime.worker import Job
@@ -82,6 +82,8 @@ class Synthesizer:
         self.codec_runner = CodecRunner(models.codec, slots, self.capacity)
         self.reference_encoder = ReferenceEncoder(models.codec, REFERENCE_CHUNK_FRAMES,
                                                   min(reference_frames, GRAPHED_REFERENCE_FRAMES))
+        self._encoding: dict[str, EncodeHandle] = {}  # reference clips being encoded, by cache key
+        self._awaiting_voice: list[RequestRun] = []  # requests waiting for their clips' codes
 
     @property
     def sample_rate(self) -> int:
@@ -121,12 +123,40 @@ class Synthesizer:
                 break
         return bool(self.runner.pending_batches)
 
-    def encode_reference(self, samples: np.ndarray) -> torch.Tensor:
-        """Runs on the worker thread (via the cache): 44.1 kHz samples -> (num_codebooks, T) codes.
+    def voice_codes(self, samples: np.ndarray) -> torch.Tensor | EncodeHandle:
+        """On the worker thread: a reference clip's codes from the cache, or the handle of its encode
+        (started here unless one for the same clip is running), which `iterate` caches once done.
 
-        In chunks with carried state: the same codes as one whole encode, with the activations of
-        one chunk at a time (fp32, like the reference)."""
-        return self.reference_encoder.encode(samples)
+        The encode runs in chunks with carried state: the same codes as one whole encode, with the
+        activations of one chunk at a time (fp32, like the reference)."""
+        key, codes = self.reference_cache.lookup(samples)
+        if codes is not None:
+            return codes
+        if key not in self._encoding:
+            self._encoding[key] = self.reference_encoder.start(samples)
+        return self._encoding[key]
+
+    def await_voice(self, run: "RequestRun") -> None:
+        """`run` starts once its reference clips are encoded (see `_start_voiced`)."""
+        self._awaiting_voice.append(run)
+
+    def _start_voiced(self, wait: bool) -> None:
+        """Cache the codes of finished encodes and start the requests whose clips all are;
+        wait=True (nothing else to do) blocks for the oldest encode first."""
+        if wait and self._encoding and not any(h.ready() for h in self._encoding.values()):
+            next(iter(self._encoding.values())).result()
+        for key, handle in list(self._encoding.items()):
+            if handle.ready():
+                del self._encoding[key]
+                self.reference_cache.put(key, handle.result())
+        waiting = []
+        for run in self._awaiting_voice:
+            try:
+                if not run.try_start():
+                    waiting.append(run)
+            except Exception as exc:  # e.g. its prompt is too long: that request alone fails
+                run.fail(exc)
+        self._awaiting_voice = waiting
 
     def start(self, request: PreparedRequest, job: Job) -> None:
         """On the worker thread: resolve the voice and queue the request's first chunk."""
@@ -135,6 +165,8 @@ class Synthesizer:
     def iterate(self) -> bool:
         """One scheduler iteration; its harvest goes to the codec, finished audio to its requests.
         True while work remains."""
+        if self._awaiting_voice:
+            self._start_voiced(wait=not (self.scheduler.busy or self.codec_runner.pending))
         if self.scheduler.needs_capture:
             self.capture_more(up_to=self.scheduler.demand)  # captures once drained for it (see Scheduler)
         harvests = []
@@ -156,7 +188,7 @@ class Synthesizer:
                 item.owner.deliver(item.audio, item.frames, item.final)
             except Exception as exc:  # e.g. the next chunk's prompt is too long: that request alone fails
                 item.owner.fail(exc)
-        return self.scheduler.busy or self.codec_runner.pending
+        return self.scheduler.busy or self.codec_runner.pending or bool(self._awaiting_voice)
 
 
 class RequestRun:
@@ -168,6 +200,7 @@ class RequestRun:
         self.fader: SeamFader | None = None
         self.prefix: torch.Tensor | None = None  # the voice's prompt columns (voice_prefix)
         self.prefix_key = ""
+        self._voice: list[tuple[str, torch.Tensor | EncodeHandle]] = []  # (transcript, codes) per reference
         self._first_chunk_codes: list[torch.Tensor] = []
 
     @property
@@ -179,10 +212,25 @@ class RequestRun:
 
     def begin(self) -> None:
         self.job.mark("started")
-        self._use_voice([(text, self.synth.reference_cache.get_codes(samples))
-                         for samples, text in self.request.references])
+        self._voice = [(text, self.synth.voice_codes(samples)) for samples, text in self.request.references]
+        if not self.try_start():
+            self.synth.await_voice(self)
+
+    def try_start(self) -> bool:
+        """Queue the first text chunk once every reference clip's codes are there; False while a
+        clip is still being encoded."""
+        if self.job.finished:
+            return True
+        if self.cancelled:
+            self.job.finish()
+            return True
+        if any(isinstance(codes, EncodeHandle) and not codes.ready() for _, codes in self._voice):
+            return False
+        self._use_voice([(text, codes.result() if isinstance(codes, EncodeHandle) else codes)
+                         for text, codes in self._voice])
         self.job.mark("voice_ready")
         self._queue_chunk(0)
+        return True
 
     def _use_voice(self, voice: list[tuple[str, torch.Tensor]]) -> None:
         m = self.synth.models

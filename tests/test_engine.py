@@ -4,6 +4,7 @@ import math
 import shutil
 import subprocess
 import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -364,3 +365,53 @@ def test_a_failed_batch_capture_is_logged_and_the_engine_serves_on(failing, tmp_
         assert all(r.audio.dtype == np.float32 for r in results)
     finally:
         engine.close()
+
+
+class HeldEncode:
+    """Stands in for a CUDA event: an encode that finishes when the test releases it."""
+
+    def __init__(self, released):
+        self.released = released
+
+    def query(self) -> bool:
+        return self.released.is_set()
+
+    def synchronize(self) -> None:
+        assert self.released.wait(timeout=60), "the test never released the encode"
+
+
+def test_requests_run_while_a_new_voice_encodes_and_one_encode_serves_every_request_for_it(tmp_path, speech,
+                                                                                            monkeypatch):
+    import threading
+
+    from engine.runtime.reference_encoder import EncodeHandle
+
+    eng = TTSEngine.from_config(EngineConfig(demo=True, cache_dir=str(tmp_path / "cache"),
+                                             voices_dir=str(tmp_path / "voices")))
+    try:
+        encoder = eng._synthesizer.reference_encoder
+        released, starts = threading.Event(), []
+
+        real_start = encoder.start
+
+        def start(samples):  # the real codes, handed out only once the test releases them
+            starts.append(len(samples))
+            codes = real_start(samples).result()
+            return EncodeHandle(codes[None], codes.shape[1], HeldEncode(released))
+
+        monkeypatch.setattr(encoder, "start", start)
+        ref = ReferenceInput(speech.wav().read_bytes(), "The quick brown fox.")
+        with ThreadPoolExecutor(2) as pool:
+            voiced = [pool.submit(eng.synthesize, f"Voiced {i}.", references=[ref], params=FAST) for i in range(2)]
+            deadline = time.monotonic() + 60
+            while not starts and time.monotonic() < deadline:  # the clip's encode has started
+                time.sleep(0.01)
+            unvoiced = eng.synthesize("No voice meanwhile.", params=FAST)  # not held up by the encode
+            assert len(unvoiced.audio) > 0 and not any(f.done() for f in voiced)
+            released.set()
+            results = [f.result(timeout=120) for f in voiced]
+        assert starts == [starts[0]] and all(len(r.audio) > 0 for r in results)
+        assert eng.reference_cache.stats()["misses"] == 1
+        assert eng.synthesize("Voiced again.", references=[ref], params=FAST).audio.size and len(starts) == 1
+    finally:
+        eng.close()

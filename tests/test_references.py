@@ -3,7 +3,6 @@
 import hashlib
 import sys
 import threading
-import time
 
 import numpy as np
 import pytest
@@ -30,17 +29,19 @@ def clip(seed: int, seconds: float = 1.0) -> np.ndarray:
 class CountingEncoder:
     """Stand-in codec: deterministic codes from the samples, counting its calls."""
 
-    def __init__(self, delay: float = 0.0):
+    def __init__(self):
         self.calls = 0
-        self.delay = delay
-        self._lock = threading.Lock()
 
     def __call__(self, samples: np.ndarray) -> torch.Tensor:
-        with self._lock:
-            self.calls += 1
-        time.sleep(self.delay)
+        self.calls += 1
         frames = max(1, len(samples) // 2048)
         return (torch.arange(10 * frames).reshape(10, frames) + int(abs(samples[0]) * 1000)) % 1024
+
+
+def get_codes(cache: ReferenceCodeCache, encoder, samples: np.ndarray) -> torch.Tensor:
+    """What the engine does with a clip: the cached codes, else the clip encoded and kept."""
+    key, codes = cache.lookup(samples)
+    return codes if codes is not None else cache.put(key, encoder(samples)).clone()
 
 
 # ---- content hash ------------------------------------------------------------------------------
@@ -66,73 +67,71 @@ def test_content_hash_of_arrays():
 
 def test_memory_hit_encodes_once():
     encoder = CountingEncoder()
-    cache = ReferenceCodeCache(encoder, cache_dir=None)
-    first = cache.get_codes(clip(0))
-    second = cache.get_codes(clip(0))
+    cache = ReferenceCodeCache(cache_dir=None)
+    first = get_codes(cache, encoder, clip(0))
+    second = get_codes(cache, encoder, clip(0))
     assert torch.equal(first, second) and first.shape == (10, SAMPLE_RATE // 2048)
     assert encoder.calls == 1
     assert cache.stats() == {"memory_hits": 1, "disk_hits": 0, "misses": 1, "items": 1}
     assert cache.hits == 1 and cache.misses == 1
 
 
-def test_returned_codes_are_a_copy():
-    cache = ReferenceCodeCache(CountingEncoder(), cache_dir=None)
-    codes = cache.get_codes(clip(0))
+def test_looked_up_codes_are_a_copy():
+    cache = ReferenceCodeCache(cache_dir=None)
+    codes = get_codes(cache, CountingEncoder(), clip(0))
     expected = codes.clone()
     codes.fill_(7)
-    assert torch.equal(cache.get_codes(clip(0)), expected)
+    _, again = cache.lookup(clip(0))
+    assert torch.equal(again, expected)
+    again.fill_(7)
+    assert torch.equal(cache.lookup(clip(0))[1], expected)
 
 
 def test_lru_evicts_the_oldest():
     encoder = CountingEncoder()
-    cache = ReferenceCodeCache(encoder, cache_dir=None, max_items=2)
+    cache = ReferenceCodeCache(cache_dir=None, max_items=2)
     for seed in (0, 1, 0, 2):  # 0 is used again, so 1 is the oldest when 2 arrives
-        cache.get_codes(clip(seed))
+        get_codes(cache, encoder, clip(seed))
     assert encoder.calls == 3 and len(cache) == 2
-    cache.get_codes(clip(0))
+    get_codes(cache, encoder, clip(0))
     assert encoder.calls == 3
-    cache.get_codes(clip(1))
+    get_codes(cache, encoder, clip(1))
     assert encoder.calls == 4
 
 
 def test_disk_cache_survives_a_restart(tmp_path):
-    first = ReferenceCodeCache(CountingEncoder(), tmp_path, fingerprint="codec-a")
-    codes = first.get_codes(clip(0))
+    first = ReferenceCodeCache(tmp_path, fingerprint="codec-a")
+    codes = get_codes(first, CountingEncoder(), clip(0))
     files = list(tmp_path.glob("*.pt"))
     assert len(files) == 1 and not list(tmp_path.glob("*.tmp"))
-    encoder = CountingEncoder()
-    second = ReferenceCodeCache(encoder, tmp_path, fingerprint="codec-a")
-    assert torch.equal(second.get_codes(clip(0)), codes)
-    assert encoder.calls == 0 and second.disk_hits == 1
+    second = ReferenceCodeCache(tmp_path, fingerprint="codec-a")
+    _, loaded = second.lookup(clip(0))
+    assert torch.equal(loaded, codes) and second.disk_hits == 1
 
 
 def test_fingerprints_never_share_entries(tmp_path):
-    ReferenceCodeCache(CountingEncoder(), tmp_path, fingerprint="codec-a").get_codes(clip(0))
-    encoder = CountingEncoder()
-    ReferenceCodeCache(encoder, tmp_path, fingerprint="codec-b").get_codes(clip(0))
-    assert encoder.calls == 1
-    assert len(list(tmp_path.glob("*.pt"))) == 2
+    get_codes(ReferenceCodeCache(tmp_path, fingerprint="codec-a"), CountingEncoder(), clip(0))
+    assert ReferenceCodeCache(tmp_path, fingerprint="codec-b").lookup(clip(0))[1] is None
+    assert ReferenceCodeCache(tmp_path, fingerprint="codec-a").lookup(clip(0))[1] is not None
 
 
 @pytest.mark.parametrize("damage", [b"", b"not a torch file", b"PK\x03\x04broken zip"])
 def test_corrupt_cache_file_is_rewritten(tmp_path, damage):
-    codes = ReferenceCodeCache(CountingEncoder(), tmp_path).get_codes(clip(0))
+    codes = get_codes(ReferenceCodeCache(tmp_path), CountingEncoder(), clip(0))
     (path,) = tmp_path.glob("*.pt")
     path.write_bytes(damage)
     encoder = CountingEncoder()
-    cache = ReferenceCodeCache(encoder, tmp_path)
-    assert torch.equal(cache.get_codes(clip(0)), codes)
+    assert torch.equal(get_codes(ReferenceCodeCache(tmp_path), encoder, clip(0)), codes)
     assert encoder.calls == 1
     assert torch.equal(torch.load(path, weights_only=True), codes)
 
 
 def test_cache_file_with_wrong_content_is_rewritten(tmp_path):
-    cache = ReferenceCodeCache(CountingEncoder(), tmp_path)
-    codes = cache.get_codes(clip(0))
+    codes = get_codes(ReferenceCodeCache(tmp_path), CountingEncoder(), clip(0))
     (path,) = tmp_path.glob("*.pt")
     torch.save(torch.zeros(3), path)  # a readable tensor, but not codes
     encoder = CountingEncoder()
-    assert torch.equal(ReferenceCodeCache(encoder, tmp_path).get_codes(clip(0)), codes)
+    assert torch.equal(get_codes(ReferenceCodeCache(tmp_path), encoder, clip(0)), codes)
     assert encoder.calls == 1
 
 
@@ -140,34 +139,17 @@ def test_unwritable_cache_dir_still_serves(tmp_path):
     blocker = tmp_path / "a-file"
     blocker.write_text("not a directory")
     encoder = CountingEncoder()
-    cache = ReferenceCodeCache(encoder, blocker / "cache")
-    cache.get_codes(clip(0))
-    cache.get_codes(clip(0))
+    cache = ReferenceCodeCache(blocker / "cache")
+    get_codes(cache, encoder, clip(0))
+    get_codes(cache, encoder, clip(0))
     assert encoder.calls == 1
 
 
-def test_concurrent_requests_for_one_clip_encode_once(tmp_path):
-    encoder = CountingEncoder(delay=0.05)
-    cache = ReferenceCodeCache(encoder, tmp_path)
-    results = []
-
-    def worker():
-        results.append(cache.get_codes(clip(0)))
-
-    threads = [threading.Thread(target=worker) for _ in range(8)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert encoder.calls == 1 and len(results) == 8
-    assert all(torch.equal(result, results[0]) for result in results)
-    assert cache.hits == 7 and cache.misses == 1
-
-
 def test_bad_encoder_output_is_an_error():
-    cache = ReferenceCodeCache(lambda samples: torch.zeros(10, 3), cache_dir=None)
+    cache = ReferenceCodeCache(cache_dir=None)
+    key, _ = cache.lookup(clip(0))
     with pytest.raises(ValueError, match="2-D integer tensor"):
-        cache.get_codes(clip(0))
+        cache.put(key, torch.zeros(10, 3))
 
 
 # ---- voice store -------------------------------------------------------------------------------

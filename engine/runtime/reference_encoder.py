@@ -5,6 +5,10 @@ Encoding a clip eagerly launches ~1,300 kernels per 32-frame chunk from Python: 
 thread that encodes also runs every decode step. The chunk's graph replays the same kernels with
 one launch: 50 ms per 10 s clip, the same codes. Every chunk, the last one included, has the same size: the last is padded with zeros,
 which the causal encoder sees only after the clip's real frames, whose codes are kept.
+
+On CUDA a clip encodes on a stream of its own (`start`): the worker thread goes on stepping the
+running sequences, whose steps the encode's kernels share the GPU with, instead of waiting ~50 ms
+for each new voice. Encodes started one after another run in order on that stream.
 """
 
 from __future__ import annotations
@@ -20,6 +24,24 @@ from ..model.codec_stream import StreamingEncoder, encode_chunked
 from .cuda_graphs import capture
 
 
+class EncodeHandle:
+    """The codes of one clip, once its encode (possibly still running on the GPU) has finished."""
+
+    def __init__(self, codes: torch.Tensor, frames: int, done: torch.cuda.Event | None = None, keep: tuple = ()):
+        self._codes, self._frames, self._done, self._keep = codes, frames, done, keep
+
+    def ready(self) -> bool:
+        return self._done is None or self._done.query()
+
+    def result(self) -> torch.Tensor:
+        """(num_codebooks, frames) int64 codes on the CPU; waits for the encode if it is running."""
+        if self._done is not None:
+            self._done.synchronize()
+            self._codes = self._codes[0, :, :self._frames].clone()  # out of the pinned buffer
+            self._done, self._keep = None, ()
+        return self._codes
+
+
 class ReferenceEncoder:
     """One streaming encoder and, after prepare(), its chunk graph. Stateful: call it from one thread
     at a time (the engine's GPU worker)."""
@@ -33,6 +55,7 @@ class ReferenceEncoder:
         # Replays run whole chunks, so the longest clip reaches its last chunk's padded end.
         self.encoder.reserve(-(-max_frames // chunk_frames) * chunk_frames)
         self._graph: torch.cuda.CUDAGraph | None = None
+        self._stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         self._input: torch.Tensor | None = None
         self._output: torch.Tensor | None = None
 
@@ -55,17 +78,36 @@ class ReferenceEncoder:
 
     def encode(self, samples: np.ndarray) -> torch.Tensor:
         """44.1 kHz mono float32 samples -> (num_codebooks, frames) int64 codes on the CPU."""
+        return self.start(samples).result()
+
+    def start(self, samples: np.ndarray) -> EncodeHandle:
+        """Start encoding 44.1 kHz mono float32 samples: on CUDA on the encoder's own stream (the
+        handle is ready once it finished), elsewhere at once."""
         frame_length = self.codec.config.frame_length
         frames = -(-len(samples) // frame_length)
         if frames == 0:
             raise ValueError("a reference clip needs at least one sample")
-        audio = torch.from_numpy(np.ascontiguousarray(samples, dtype=np.float32)).to(self.device).view(1, 1, -1)
-        audio = F.pad(audio, (0, -audio.shape[-1] % self.chunk_samples))
+        host = torch.from_numpy(np.ascontiguousarray(samples, dtype=np.float32))
+        if self._stream is None or frames > self.max_frames:
+            return EncodeHandle(self._encode(host.to(self.device), frames).cpu()[0, :, :frames], frames)
+        self._stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(self._stream):
+            host = host.pin_memory()
+            codes = self._encode(host.to(self.device, non_blocking=True), frames)
+            out = torch.empty(codes.shape, dtype=codes.dtype, pin_memory=True)
+            out.copy_(codes, non_blocking=True)
+            done = torch.cuda.Event()
+            done.record(self._stream)
+        return EncodeHandle(out, frames, done, keep=(host,))  # `host` lives until its copy has run
+
+    def _encode(self, samples: torch.Tensor, frames: int) -> torch.Tensor:
+        """(1, num_codebooks, chunks * chunk_frames) codes of samples on the device, on the current stream."""
+        audio = F.pad(samples.view(1, 1, -1), (0, -samples.shape[-1] % self.chunk_samples))
         with torch.inference_mode():
             if frames > self.max_frames:
                 # Longer than reserved: a fresh encoder, whose RoPE tables may grow (growing this one's
                 # would free the table its graph reads).
-                return encode_chunked(self.codec, audio, self.chunk_frames)[0, :, :frames].cpu()
+                return encode_chunked(self.codec, audio, self.chunk_frames)
             self.encoder.reset()
             codes = []
             for start in range(0, audio.shape[-1], self.chunk_samples):
@@ -76,4 +118,4 @@ class ReferenceEncoder:
                 self._input.copy_(chunk)
                 self._graph.replay()
                 codes.append(self._output.clone())
-        return torch.cat(codes, -1)[0, :, :frames].cpu()
+        return torch.cat(codes, -1)
