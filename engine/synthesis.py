@@ -25,7 +25,6 @@ from .model.tuned_conv import tune_dilated_convs
 from .params import SamplingParams
 from .references import ReferenceCodeCache
 from .runtime.codec_runner import CodecRunner
-from .runtime.cuda_graphs import run_on_priority_stream
 from .runtime.kv_cache import KVCache
 from .runtime.prefix_cache import PrefixCache
 from .runtime.reference_encoder import EncodeHandle, ReferenceEncoder
@@ -94,8 +93,6 @@ class Synthesizer:
         """On the worker thread, before any request: compile, and capture the graphs of one running
         sequence (decode step, codec, reference encoder); the larger batches follow as
         `capture_more` captures them. Returns the seconds it took."""
-        if self.models.placement.device.type == "cuda":
-            run_on_priority_stream(self.models.placement.device)
         seconds = self.runner.prepare([1])
         if self.runner.policy.cuda_graphs:
             seconds += self.codec_runner.prepare([1]) + self.reference_encoder.prepare()

@@ -33,7 +33,7 @@ from loguru import logger
 from ..model.codec import ModdedDAC
 from ..model.codec_stream import Rows, StreamingDecoder
 from ..model.tuned_conv import tuning
-from .cuda_graphs import capture, priority_stream
+from .cuda_graphs import capture
 from .scheduler import BLOCK, BLOCK_SIZES, Harvest
 from .step_runner import bucket_for, buckets_up_to
 
@@ -69,7 +69,7 @@ class CodecRunner:
         self.num_codebooks = codec.config.num_codebooks
         device = next(codec.parameters()).device
         self.device = device
-        self.stream = priority_stream(device) if device.type == "cuda" else None
+        self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         self._pending: deque[_Pending] = deque()
         self._graphs: dict[tuple[int, int], _Graph] = {}
         self._pool = None  # every codec graph shares one memory pool

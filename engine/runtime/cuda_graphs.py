@@ -1,4 +1,4 @@
-"""Capturing a CUDA graph the one way every runner here does it, and the streams graphs replay on."""
+"""Capturing a CUDA graph the one way every runner here does it."""
 
 from __future__ import annotations
 
@@ -29,21 +29,3 @@ def capture(fn: Callable[[], T], stream: torch.cuda.Stream, pool=None, warmup: i
     with torch.cuda.graph(graph, pool=pool, stream=stream):
         output = fn()
     return graph, output
-
-
-# Decode steps and the codec's chunks replay on streams of this priority (lower is higher), above the
-# default priority that the reference encoder's stream keeps: when a burst of new voices queues their
-# encodes, the GPU still runs the running sequences' steps first, and their streams do not stall.
-PRIORITY = -1
-
-
-def priority_stream(device: torch.device | None = None) -> torch.cuda.Stream:
-    return torch.cuda.Stream(device, priority=PRIORITY)
-
-
-def run_on_priority_stream(device: torch.device) -> None:
-    """Make a new priority stream the calling thread's current stream (the GPU worker's, for every
-    step, prefill and capture it runs), after the work already queued on the current one."""
-    stream = priority_stream(device)
-    stream.wait_stream(torch.cuda.current_stream(device))
-    torch.cuda.set_stream(stream)

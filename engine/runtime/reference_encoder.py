@@ -7,9 +7,8 @@ one launch: 50 ms per 10 s clip, the same codes. Every chunk, the last one inclu
 which the causal encoder sees only after the clip's real frames, whose codes are kept.
 
 On CUDA a clip encodes on a stream of its own (`start`): the worker thread goes on stepping the
-running sequences instead of waiting ~50 ms for each new voice. That stream has the default
-priority, below the decode steps' and the codec's streams (cuda_graphs.PRIORITY), so the GPU runs
-the running sequences' work first. Encodes started one after another run in order on it.
+running sequences, whose steps the encode's kernels share the GPU with, instead of waiting ~50 ms
+for each new voice. Encodes started one after another run in order on that stream.
 """
 
 from __future__ import annotations
