@@ -53,9 +53,8 @@ def bucket_for(n: int, sizes: list[int]) -> int:
     raise ValueError(f"{n} exceeds the largest bucket {sizes[-1]}")
 
 
-def _shape_generic(compiled_block):
-    """Mark the sequence length of a prefill block's inputs dynamic before calling it, and their
-    batch too when it is above 1: one graph for one row, one for any larger batch of rows."""
+def _length_generic(compiled_block):
+    """Mark the sequence length of a prefill block's inputs dynamic before calling it."""
 
     def run(layer, x, rope, kv):
         for tensor, dim in ((x, 1), (rope, 1), (kv.positions, 1), (kv.key_positions, 0)):
@@ -63,10 +62,6 @@ def _shape_generic(compiled_block):
         if kv.mask is not None:
             torch._dynamo.maybe_mark_dynamic(kv.mask, 2)
             torch._dynamo.maybe_mark_dynamic(kv.mask, 3)
-        if x.shape[0] > 1:
-            for tensor in (x, rope, kv.positions, kv.k, kv.v, kv.mask):
-                if tensor is not None:
-                    torch._dynamo.maybe_mark_dynamic(tensor, 0)
         return compiled_block(layer, x, rope, kv)
 
     return run
@@ -129,9 +124,6 @@ class StepRunner:
         self._step = self._build_step()
         self._graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
         self._prefill_compiled = False
-        # Batched prefill waits for its compiled graph when compiling (see prepare): before that,
-        # rows are prefilled one at a time with the one-row graph, instead of compiling mid-request.
-        self._batched_prefill = not policy.compile
         # Rows that can step together now: every slot when eager, else the largest batch bucket up to
         # which every bucket's graphs are captured (set by prepare()).
         self.ready_slots = 0 if policy.cuda_graphs else cache.n_slots
@@ -156,7 +148,7 @@ class StepRunner:
             # Prefill lengths vary: no max-autotune (autotuning every length would take minutes),
             # length-generic from its first call (one compile instead of a static one, then another).
             prefill_backend = dataclasses.replace(self.policy, mode="default").inductor_backend()
-            self.prefill_block = _shape_generic(torch.compile(_prefill_block, fullgraph=True, backend=prefill_backend))
+            self.prefill_block = _length_generic(torch.compile(_prefill_block, fullgraph=True, backend=prefill_backend))
         self.ops = ops
 
         def step(state: DecodeState, key_positions: Tensor) -> None:
@@ -172,8 +164,11 @@ class StepRunner:
         if not self.policy.cuda_graphs:
             return 0.0
         started = time.perf_counter()
-        if self.policy.compile:
-            self._compile_prefills(batch_sizes or self.batch_buckets)
+        if self.policy.compile and not self._prefill_compiled:
+            self.prefill(0, torch.zeros(self.model.config.num_codebooks + 1, 17, dtype=torch.long,
+                                        device=self.key_positions.device))
+            self._prefill_compiled = True
+            logger.info("prefill compiled in {:.1f} s", time.perf_counter() - started)
         captured = len(self._graphs)
         try:
             for batch in batch_sizes or self.batch_buckets:
@@ -191,21 +186,6 @@ class StepRunner:
         logger.info("captured {} CUDA graphs ({}) in {:.1f} s", len(self._graphs) - captured, self.policy.describe(),
                     seconds)
         return seconds
-
-    def _compile_prefills(self, batch_sizes: list[int]) -> None:
-        """Compile the one-row prefill on the first call, and the batched one with the first batch
-        above one, on a short dummy prompt in slots 0 and 1."""
-        dummy = torch.zeros(self.model.config.num_codebooks + 1, 17, dtype=torch.long, device=self.key_positions.device)
-        if not self._prefill_compiled:
-            started = time.perf_counter()
-            self.prefill(0, dummy)
-            self._prefill_compiled = True
-            logger.info("prefill compiled in {:.1f} s", time.perf_counter() - started)
-        if not self._batched_prefill and self.cache.n_slots > 1 and max(batch_sizes) > 1:
-            started = time.perf_counter()
-            self._prefill_rows([(0, dummy, 0), (1, dummy, 0)])
-            self._batched_prefill = True
-            logger.info("batched prefill compiled in {:.1f} s", time.perf_counter() - started)
 
     @property
     def pending_batches(self) -> list[int]:
@@ -253,12 +233,15 @@ class StepRunner:
         """Prefill several sequences, each row (slot, prompt, start) as `prefill(slot, prompt, start)`
         would, in as few model calls as it can: rows in consecutive slots go through together, their
         prompts padded on the right (a padded column writes KV past its row's prompt, where the row's
-        own decode steps write before they read), up to PREFILL_COLUMNS columns a call."""
+        own decode steps write before they read), up to PREFILL_COLUMNS columns a call.
+
+        A lone row runs the compiled prefill; rows together run eagerly: compiling prefill for
+        batches above one cost 10.6 s more start-up on an H100, and an eager call of many rows has
+        as few launches as a compiled call of one (one per operation, not per row)."""
         rows = sorted((row for row in rows if row[1].shape[1] - 1 > row[2]), key=lambda row: row[0])
         for group in self._prefill_groups(rows):
-            if len(group) == 1 or not self._batched_prefill:
-                for slot, prompt, start in group:
-                    self.prefill(slot, prompt, start)
+            if len(group) == 1:
+                self.prefill(*group[0])
             else:
                 self._prefill_rows(group)
 
@@ -280,7 +263,7 @@ class StepRunner:
         return groups
 
     def _prefill_rows(self, rows: list[tuple[int, Tensor, int]]) -> None:
-        """One model call for rows in consecutive slots (rows[0]'s slot first)."""
+        """One eager model call for rows in consecutive slots (rows[0]'s slot first)."""
         parts = [prompt[:, start:-1].T for _, prompt, start in rows]  # (columns, 1 + num_codebooks) each
         columns = torch.nn.utils.rnn.pad_sequence(parts, batch_first=True).transpose(1, 2).long()
         device = columns.device
@@ -288,7 +271,7 @@ class StepRunner:
         positions = starts[:, None] + torch.arange(columns.shape[2], device=device)
         kv_len = max(start for _, _, start in rows) + columns.shape[2]
         with torch.inference_mode(), sdpa_kernel(PREFILL_ATTENTION):
-            self.model.forward_slow(columns, self.cache.views(positions, kv_len, rows[0][0]), self.prefill_block)
+            self.model.forward_slow(columns, self.cache.views(positions, kv_len, rows[0][0]))
 
     def prefill(self, slot: int, prompt: Tensor, start: int = 0, end: int | None = None) -> None:
         """Write prompt columns start..end-1 into the slot's KV cache at their positions; the columns
