@@ -148,7 +148,10 @@ class Synthesizer:
         for key, handle in list(self._encoding.items()):
             if handle.ready():
                 del self._encoding[key]
-                self.reference_cache.put(key, handle.result())
+                try:
+                    self.reference_cache.put(key, handle.result())
+                except Exception:  # its requests fail as they read the handle (RequestRun.try_start)
+                    logger.exception("encoding a reference clip failed")
         waiting = []
         for run in self._awaiting_voice:
             try:
@@ -159,7 +162,8 @@ class Synthesizer:
         self._awaiting_voice = waiting
 
     def start(self, request: PreparedRequest, job: Job) -> None:
-        """On the worker thread: resolve the voice and queue the request's first chunk."""
+        """On the worker thread: resolve the voice (starting the encodes of new clips) and queue the
+        request's first chunk, at once or, when a clip is being encoded, once its codes are there."""
         RequestRun(self, request, job).begin()
 
     def iterate(self) -> bool:
