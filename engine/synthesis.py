@@ -12,6 +12,7 @@ at a seam.
 from __future__ import annotations
 
 import hashlib
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -40,6 +41,7 @@ REFERENCE_CHUNK_FRAMES = 32  # ~1.5 s of reference audio at a time: on an H100, 
 # Clips up to this long encode through the chunk graph, whose RoPE tables are sized for them up front
 # (~95 s; a raised max_reference_seconds makes longer clips encode eagerly instead of growing the tables).
 GRAPHED_REFERENCE_FRAMES = 2048
+ENCODE_POLL_S = 0.001  # how often an otherwise idle worker checks whether an encode has finished
 
 
 @dataclass
@@ -133,31 +135,36 @@ class Synthesizer:
         if codes is not None:
             return codes
         if key not in self._encoding:
-            self._encoding[key] = self.reference_encoder.start(samples)
+            handle = self.reference_encoder.start(samples)
+            if handle.ready():  # encoded at once (on the CPU, or a clip too long for the graph)
+                return self.reference_cache.put(key, handle.result()).clone()
+            self._encoding[key] = handle
         return self._encoding[key]
 
     def await_voice(self, run: "RequestRun") -> None:
         """`run` starts once its reference clips are encoded (see `_start_voiced`)."""
         self._awaiting_voice.append(run)
 
-    def _start_voiced(self, wait: bool) -> None:
-        """Cache the codes of finished encodes and start the requests whose clips all are;
-        wait=True (nothing else to do) blocks for the oldest encode first."""
-        if wait and self._encoding and not any(h.ready() for h in self._encoding.values()):
-            next(iter(self._encoding.values())).result()
+    def _start_voiced(self, idle: bool) -> None:
+        """Cache the codes of finished encodes and start the requests whose clips all are.
+        idle=True (nothing else to step or decode): sleep a millisecond first when no encode has
+        finished, rather than spin, or block the worker's queue on an encode."""
+        if idle and not any(handle.ready() for handle in self._encoding.values()):
+            time.sleep(ENCODE_POLL_S)
         for key, handle in list(self._encoding.items()):
-            if handle.ready():
-                del self._encoding[key]
-                try:
+            try:
+                if handle.ready():
+                    del self._encoding[key]
                     self.reference_cache.put(key, handle.result())
-                except Exception:  # its requests fail as they read the handle (RequestRun.try_start)
-                    logger.exception("encoding a reference clip failed")
+            except Exception:  # its requests fail as they read the handle (RequestRun.try_start)
+                self._encoding.pop(key, None)
+                logger.exception("encoding a reference clip failed")
         waiting = []
         for run in self._awaiting_voice:
             try:
                 if not run.try_start():
                     waiting.append(run)
-            except Exception as exc:  # e.g. its prompt is too long: that request alone fails
+            except Exception as exc:  # a failed encode, or its prompt is too long: that request alone fails
                 run.fail(exc)
         self._awaiting_voice = waiting
 
@@ -169,8 +176,8 @@ class Synthesizer:
     def iterate(self) -> bool:
         """One scheduler iteration; its harvest goes to the codec, finished audio to its requests.
         True while work remains."""
-        if self._awaiting_voice:
-            self._start_voiced(wait=not (self.scheduler.busy or self.codec_runner.pending))
+        if self._encoding or self._awaiting_voice:
+            self._start_voiced(idle=not (self.scheduler.busy or self.codec_runner.pending))
         if self.scheduler.needs_capture:
             self.capture_more(up_to=self.scheduler.demand)  # captures once drained for it (see Scheduler)
         harvests = []
@@ -186,13 +193,18 @@ class Synthesizer:
             for owner in [*self.codec_runner.discard(), *(h.owner for h in harvests)]:
                 owner.fail(exc)
             self.scheduler.fail_all(exc)
-            return self.scheduler.busy
+            return self.scheduler.busy or self._voices_pending
         for item in self.codec_runner.completed(wait=not self.scheduler.busy):
             try:
                 item.owner.deliver(item.audio, item.frames, item.final)
             except Exception as exc:  # e.g. the next chunk's prompt is too long: that request alone fails
                 item.owner.fail(exc)
-        return self.scheduler.busy or self.codec_runner.pending or bool(self._awaiting_voice)
+        return self.scheduler.busy or self.codec_runner.pending or self._voices_pending
+
+    @property
+    def _voices_pending(self) -> bool:
+        """Encodes running or requests waiting for them: the worker keeps iterating."""
+        return bool(self._encoding or self._awaiting_voice)
 
 
 class RequestRun:

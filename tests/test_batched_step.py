@@ -77,3 +77,15 @@ def test_prefilling_rows_together_writes_the_kv_each_row_gets_alone(s1_dir, s1_e
                                    atol=1e-5, rtol=0)
         torch.testing.assert_close(together.cache.v[:, slot, :, :written], alone.cache.v[:, slot, :, :written],
                                    atol=1e-5, rtol=0)
+
+
+def test_rows_whose_padded_columns_would_pass_the_cache_end_are_prefilled_apart(s1_dir, s1_expected):
+    ids = s1_expected["special_ids"]
+    model = load_dual_ar(s1_dir, TokenLayout(ids["semantic_begin"], ids["semantic_end"], ids["im_end"]),
+                         "cpu", torch.float32)
+    prompt_a, prompt_b = s1_expected["prompt_a"].long(), s1_expected["prompt_b"].long()
+    runner = runner_for(model, 3)
+    width = prompt_b.shape[1] - 1
+    runner.cache.capacity = width + 4  # slot 1's text starts at 5: padded to slot 0's width it would end at width + 5
+    rows = [(0, prompt_b, 0), (1, prompt_a, 5), (2, prompt_a, 0)]
+    assert runner._prefill_groups(rows) == [[rows[0]], [rows[1], rows[2]]]

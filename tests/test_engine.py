@@ -4,8 +4,9 @@ import math
 import shutil
 import subprocess
 import sys
+import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -197,11 +198,15 @@ def test_later_chunks_reuse_the_first_chunks_voice(engine, monkeypatch):
 def test_voice_clone_and_saved_voice(engine, speech):
     transcript = "The quick brown fox jumps over the lazy dog. This is a short reference clip."
     ref = ReferenceInput(speech.wav().read_bytes(), transcript)
+    before = engine.reference_cache.stats()
     cloned = engine.synthesize("Cloned.", references=[ref], params=FAST)
     assert len(cloned.audio) > 0
-    misses = engine.reference_cache.stats()["misses"]
+    after = engine.reference_cache.stats()
+    assert after["misses"] == before["misses"] + 1 and after["items"] == before["items"] + 1  # encoded, kept
     engine.synthesize("Cloned again.", references=[ref], params=FAST)
-    assert engine.reference_cache.stats()["misses"] == misses  # encoded once, served from the cache
+    again = engine.reference_cache.stats()
+    assert again["misses"] == after["misses"] and again["memory_hits"] == after["memory_hits"] + 1
+    assert not engine._synthesizer._encoding
 
     engine.voices.add("fox", speech.variant("flac"), transcript)
     saved = engine.synthesize("Saved voice.", voice="fox", params=FAST)
@@ -377,41 +382,86 @@ class HeldEncode:
         return self.released.is_set()
 
     def synchronize(self) -> None:
-        assert self.released.wait(timeout=60), "the test never released the encode"
+        assert self.released.is_set(), "the worker waited on an encode still running"
 
 
-def test_requests_run_while_a_new_voice_encodes_and_one_encode_serves_every_request_for_it(tmp_path, speech,
-                                                                                            monkeypatch):
-    import threading
-
+def hold_encodes(eng, monkeypatch):
+    """Reference encodes give their real codes only once the returned event is set; returns
+    (that event, the sample count of each encode started)."""
     from engine.runtime.reference_encoder import EncodeHandle
 
+    encoder = eng._synthesizer.reference_encoder
+    real_start, released, starts = encoder.start, threading.Event(), []
+
+    def start(samples):
+        starts.append(len(samples))
+        codes = real_start(samples).result()
+        return EncodeHandle(codes[None], codes.shape[1], HeldEncode(released))
+
+    monkeypatch.setattr(encoder, "start", start)
+    return released, starts
+
+
+def in_background(fn, *args, **kwargs) -> Future:
+    """fn(*args, **kwargs) on a daemon thread: a call that hangs cannot hold the test process at exit."""
+    future = Future()
+
+    def run():
+        try:
+            future.set_result(fn(*args, **kwargs))
+        except BaseException as exc:
+            future.set_exception(exc)
+
+    threading.Thread(target=run, daemon=True).start()
+    return future
+
+
+def wait_for(condition, timeout=60.0):
+    deadline = time.monotonic() + timeout
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert condition()
+
+
+@pytest.fixture
+def fresh_engine(tmp_path):
     eng = TTSEngine.from_config(EngineConfig(demo=True, cache_dir=str(tmp_path / "cache"),
                                              voices_dir=str(tmp_path / "voices")))
-    try:
-        encoder = eng._synthesizer.reference_encoder
-        released, starts = threading.Event(), []
+    yield eng
+    eng.close()
 
-        real_start = encoder.start
 
-        def start(samples):  # the real codes, handed out only once the test releases them
-            starts.append(len(samples))
-            codes = real_start(samples).result()
-            return EncodeHandle(codes[None], codes.shape[1], HeldEncode(released))
+def test_requests_run_while_a_new_voice_encodes_and_one_encode_serves_every_request_for_it(fresh_engine, speech,
+                                                                                            monkeypatch):
+    eng = fresh_engine
+    released, starts = hold_encodes(eng, monkeypatch)
+    ref = ReferenceInput(speech.wav().read_bytes(), "The quick brown fox.")
+    voiced = [in_background(eng.synthesize, f"Voiced {i}.", references=[ref], params=FAST) for i in range(2)]
+    wait_for(lambda: starts)  # the clip's encode has started
+    unvoiced = eng.synthesize("No voice meanwhile.", params=FAST)  # not held up by the encode
+    assert len(unvoiced.audio) > 0 and not any(f.done() for f in voiced)
+    released.set()
+    results = [f.result(timeout=120) for f in voiced]
+    assert starts == [starts[0]] and all(len(r.audio) > 0 for r in results)
+    assert eng.reference_cache.stats()["misses"] == 1
+    assert eng.synthesize("Voiced again.", references=[ref], params=FAST).audio.size and len(starts) == 1
 
-        monkeypatch.setattr(encoder, "start", start)
-        ref = ReferenceInput(speech.wav().read_bytes(), "The quick brown fox.")
-        with ThreadPoolExecutor(2) as pool:
-            voiced = [pool.submit(eng.synthesize, f"Voiced {i}.", references=[ref], params=FAST) for i in range(2)]
-            deadline = time.monotonic() + 60
-            while not starts and time.monotonic() < deadline:  # the clip's encode has started
-                time.sleep(0.01)
-            unvoiced = eng.synthesize("No voice meanwhile.", params=FAST)  # not held up by the encode
-            assert len(unvoiced.audio) > 0 and not any(f.done() for f in voiced)
-            released.set()
-            results = [f.result(timeout=120) for f in voiced]
-        assert starts == [starts[0]] and all(len(r.audio) > 0 for r in results)
-        assert eng.reference_cache.stats()["misses"] == 1
-        assert eng.synthesize("Voiced again.", references=[ref], params=FAST).audio.size and len(starts) == 1
-    finally:
-        eng.close()
+
+def test_a_request_waiting_for_its_voice_survives_a_failed_decode_step(fresh_engine, speech, monkeypatch):
+    eng = fresh_engine
+    released, starts = hold_encodes(eng, monkeypatch)
+    runner = eng._synthesizer.runner
+    real_step = runner.step
+
+    def failing_step(*args):
+        monkeypatch.setattr(runner, "step", real_step)  # once
+        raise RuntimeError("injected decode failure")
+
+    ref = ReferenceInput(speech.wav().read_bytes(), "The quick brown fox.")
+    voiced = in_background(eng.synthesize, "Voiced.", references=[ref], params=FAST)
+    wait_for(lambda: starts)
+    monkeypatch.setattr(runner, "step", failing_step)
+    with pytest.raises(RuntimeError, match="injected"):
+        eng.synthesize("Fails in the step.", params=FAST)
+    released.set()  # nothing else arrives: the worker must still start the voiced request
+    assert len(voiced.result(timeout=30).audio) > 0

@@ -224,8 +224,12 @@ class Scheduler:
             admitted.append(seq)
         for seq in self._prefill_texts(admitted):
             spec = seq.spec
-            self.runner.state.start(seq.slot, spec.prompt[:, -1], spec.prompt.shape[1] - 1, spec.temperature,
-                                    spec.top_p, spec.repetition_penalty, spec.noise_key)
+            try:
+                self.runner.state.start(seq.slot, spec.prompt[:, -1], spec.prompt.shape[1] - 1, spec.temperature,
+                                        spec.top_p, spec.repetition_penalty, spec.noise_key)
+            except Exception as exc:
+                seq.owner.fail(exc)
+                continue
             self._running[seq.slot] = seq
 
     def _prefill_prefix(self, slot: int, spec: SequenceSpec) -> int:
