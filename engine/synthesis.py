@@ -149,7 +149,7 @@ class Synthesizer:
         """Cache the codes of finished encodes and start the requests whose clips all are.
         idle=True (nothing else to step or decode): sleep a millisecond first when no encode has
         finished, rather than spin, or block the worker's queue on an encode."""
-        if idle and not any(handle.ready() for handle in self._encoding.values()):
+        if idle and self._encoding and not any(handle.ready() for handle in self._encoding.values()):
             time.sleep(ENCODE_POLL_S)
         for key, handle in list(self._encoding.items()):
             try:
