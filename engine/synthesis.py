@@ -176,7 +176,7 @@ class Synthesizer:
     def iterate(self) -> bool:
         """One scheduler iteration; its harvest goes to the codec, finished audio to its requests.
         True while work remains."""
-        if self._encoding or self._awaiting_voice:
+        if self._voices_pending:
             self._start_voiced(idle=not (self.scheduler.busy or self.codec_runner.pending))
         if self.scheduler.needs_capture:
             self.capture_more(up_to=self.scheduler.demand)  # captures once drained for it (see Scheduler)

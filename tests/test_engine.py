@@ -396,7 +396,7 @@ def hold_encodes(eng, monkeypatch):
     def start(samples):
         starts.append(len(samples))
         codes = real_start(samples).result()
-        return EncodeHandle(codes[None], codes.shape[1], HeldEncode(released))
+        return EncodeHandle(codes, HeldEncode(released))
 
     monkeypatch.setattr(encoder, "start", start)
     return released, starts

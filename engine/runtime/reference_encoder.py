@@ -28,8 +28,10 @@ from .cuda_graphs import capture
 class EncodeHandle:
     """The codes of one clip, once its encode (possibly still running on the GPU) has finished."""
 
-    def __init__(self, codes: torch.Tensor, frames: int, done: torch.cuda.Event | None = None, keep: tuple = ()):
-        self._codes, self._frames, self._done, self._keep = codes, frames, done, keep
+    def __init__(self, codes: torch.Tensor, done: torch.cuda.Event | None = None, keep: tuple = ()):
+        """codes: (num_codebooks, frames); with `done`, a view of a pinned buffer that the GPU fills
+        until the event; `keep`: what must live until then (the input's pinned copy)."""
+        self._codes, self._done, self._keep = codes, done, keep
 
     def ready(self) -> bool:
         return self._done is None or self._done.query()
@@ -38,7 +40,7 @@ class EncodeHandle:
         """(num_codebooks, frames) int64 codes on the CPU; waits for the encode if it is running."""
         if self._done is not None:
             self._done.synchronize()
-            self._codes = self._codes[0, :, :self._frames].clone()  # out of the pinned buffer
+            self._codes = self._codes.clone()  # out of the pinned buffer
             self._done, self._keep = None, ()
         return self._codes
 
@@ -90,7 +92,7 @@ class ReferenceEncoder:
             raise ValueError("a reference clip needs at least one sample")
         host = torch.from_numpy(np.ascontiguousarray(samples, dtype=np.float32))
         if self._stream is None or frames > self.max_frames:
-            return EncodeHandle(self._encode(host.to(self.device), frames).cpu()[0, :, :frames], frames)
+            return EncodeHandle(self._encode(host.to(self.device), frames).cpu()[0, :, :frames])
         self._stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(self._stream):
             host = host.pin_memory()
@@ -99,7 +101,7 @@ class ReferenceEncoder:
             out.copy_(codes, non_blocking=True)
             done = torch.cuda.Event()
             done.record(self._stream)
-        return EncodeHandle(out, frames, done, keep=(host,))  # `host` lives until its copy has run
+        return EncodeHandle(out[0, :, :frames], done, keep=(host,))
 
     def _encode(self, samples: torch.Tensor, frames: int) -> torch.Tensor:
         """(1, num_codebooks, chunks * chunk_frames) codes of samples on the device, on the current stream."""
