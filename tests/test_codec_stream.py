@@ -402,8 +402,9 @@ def test_streaming_encoder_takes_whole_frames_only(fixture_codec):
 # --- compiled activations ----------------------------------------------------------------------------
 
 
-def test_compile_activations_swaps_the_decoders_snakes_only(fixture_codec):
-    from engine.model.codec import Snake1d, snake
+def test_compile_activations_swaps_the_decoders_pointwise_functions_only(fixture_codec):
+    from engine.model.codec import (ResidualPointwise, ResidualUnit, Snake1d, biased_residual, biased_snake,
+                                    context_snake, snake)
 
     codec = copy.deepcopy(fixture_codec)
     compiled_from, calls = [], []
@@ -411,23 +412,35 @@ def test_compile_activations_swaps_the_decoders_snakes_only(fixture_codec):
     def fake_compile(fn):
         compiled_from.append(fn)
 
-        def counted(x, alpha, eps):
-            calls.append(x.shape)
-            return fn(x, alpha, eps)
+        def counted(*args):
+            calls.append(fn.__name__)
+            return fn(*args)
 
         return counted
 
     codec.decoder.compile_activations(fake_compile)
-    assert compiled_from == [snake]  # compiled once, shared by every Snake
+    assert compiled_from == [snake, context_snake, biased_snake, biased_residual]  # each once, shared
     decoder_snakes = [m for m in codec.decoder.modules() if isinstance(m, Snake1d)]
     other_snakes = [m for name, m in codec.named_modules() if isinstance(m, Snake1d) and not name.startswith("decoder.")]
-    assert decoder_snakes and other_snakes
+    decoder_units = [m for m in codec.decoder.modules() if isinstance(m, ResidualUnit)]
+    encoder_units = [m for m in codec.encoder.modules() if isinstance(m, ResidualUnit)]
+    assert decoder_snakes and other_snakes and decoder_units and encoder_units
     assert all(m.function is not snake for m in decoder_snakes)
     assert all(m.function is snake for m in other_snakes)
+    assert all(m.pointwise.biased_snake is not biased_snake for m in decoder_units)
+    assert all(m.pointwise == ResidualPointwise() for m in encoder_units)
     codes = random_codes(codec.config, 1, 8)
     with torch.inference_mode():
         assert torch.equal(codec.decode(codes), fixture_codec.decode(codes))
-    assert len(calls) == len(decoder_snakes)  # the decode ran every Snake through the swapped-in function
+        assert calls == ["snake"] * len(decoder_snakes)  # the module forward ran every Snake through it
+        calls.clear()
+        streamed = decode_chunked(codec, codes, 4)
+    assert max_diff(streamed, fixture_codec.decode(codes)) <= FP32_ATOL
+    # Streamed, each residual unit is its three fused passes; the other Snakes stay Snakes.
+    per_chunk = {name: calls.count(name) / 2 for name in set(calls)}
+    units = len(decoder_units)
+    assert per_chunk == {"snake": len(decoder_snakes) - 2 * units, "context_snake": units,
+                         "biased_snake": units, "biased_residual": units}
 
 
 @pytest.mark.gpu
@@ -483,16 +496,19 @@ def test_im2col_conv_equals_the_convolution(dilation, kernel):
 
 
 @pytest.mark.parametrize("part_bytes", [256 << 20, 1])  # one part; then one batch row per part
-def test_a_tuned_conv_that_chose_im2col_computes_the_convolution(part_bytes, monkeypatch):
+def test_a_tuned_conv_computes_the_convolution_either_way(part_bytes, monkeypatch):
     from engine.model import tuned_conv
 
     monkeypatch.setattr(tuned_conv, "IM2COL_BYTES", part_bytes)
     conv = torch.nn.Conv1d(6, 5, 7, dilation=3).double()
     tuned = tuned_conv.ShapeTunedConv1d.like(conv)
     x = torch.randn(3, 6, 58, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
-    tuned.im2col_for[(tuple(x.shape), x.dtype)] = True  # as if timing had chosen it
     with torch.inference_mode():
-        assert torch.allclose(tuned(x), conv(x), rtol=1e-12, atol=1e-12)
+        for chosen in (False, True):
+            tuned.im2col_for[(tuple(x.shape), x.dtype)] = chosen  # as if timing had chosen it
+            assert torch.allclose(tuned(x), conv(x), rtol=1e-12, atol=1e-12)
+            unbiased = tuned.convolve(x, None)  # the streamed decoder adds the bias in a fused pass
+            assert torch.allclose(unbiased + conv.bias[:, None], conv(x), rtol=1e-12, atol=1e-12)
 
 
 def test_tuned_decoder_convs_share_weights_and_decode_alike(fixture_codec):

@@ -14,6 +14,8 @@ Every conv is causal (left padding only), so the codec is ready for chunked stre
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -134,6 +136,31 @@ class Snake1d(nn.Module):
         return self.function(x, self.alpha, self.eps)
 
 
+def context_snake(context: Tensor, x: Tensor, alpha: Tensor, eps: float) -> Tensor:
+    """cat(context, snake(x)) in time: the input of a streamed causal conv after a Snake."""
+    return torch.cat([context.to(x.dtype), snake(x, alpha, eps)], -1)
+
+
+def biased_snake(x: Tensor, bias: Tensor, alpha: Tensor, eps: float) -> Tensor:
+    """snake(x + bias): a conv's bias added after the conv, with the Snake that follows it."""
+    return snake(x + bias[:, None], alpha, eps)
+
+
+def biased_residual(x: Tensor, y: Tensor, bias: Tensor) -> Tensor:
+    """x + (y + bias): a residual unit's output from its last conv without that conv's bias."""
+    return x + (y + bias[:, None])
+
+
+@dataclass(frozen=True)
+class ResidualPointwise:
+    """The pointwise work around a residual unit's two convs when it streams (codec_stream): eager
+    here; Decoder.compile_activations swaps in compiled ones (one kernel each)."""
+
+    context_snake: Callable = context_snake
+    biased_snake: Callable = biased_snake
+    biased_residual: Callable = biased_residual
+
+
 class ResidualUnit(nn.Module):
     def __init__(self, dim: int, dilation: int, snake_eps: float):
         super().__init__()
@@ -143,6 +170,7 @@ class ResidualUnit(nn.Module):
             Snake1d(dim, snake_eps),
             CausalConv1d(dim, dim, 1),
         )
+        self.pointwise = ResidualPointwise()
 
     def forward(self, x: Tensor) -> Tensor:
         return x + self.block(x)
@@ -454,13 +482,17 @@ class Decoder(nn.Module):
         return self.model(x)
 
     def compile_activations(self, compile_fn) -> None:
-        """Every Snake runs `compile_fn(snake)`. Eager Snakes make up most of the decoder's memory
+        """Every Snake runs `compile_fn(snake)`, and every residual unit's streamed pointwise work
+        (ResidualPointwise) compiled functions too. Eager, they make up most of the decoder's memory
         traffic (docs/PERFORMANCE.md); the encoder keeps the eager ones, so a reference clip's
         codes stay those of the reference implementation."""
         compiled = compile_fn(snake)
+        pointwise = ResidualPointwise(*(compile_fn(f) for f in (context_snake, biased_snake, biased_residual)))
         for module in self.modules():
             if isinstance(module, Snake1d):
                 module.function = compiled
+            elif isinstance(module, ResidualUnit):
+                module.pointwise = pointwise
 
 
 # --------------------------------------------------------------------------------------------------

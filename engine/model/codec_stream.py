@@ -7,11 +7,18 @@ recomputed left context:
   CausalConv1d            the last k_eff - stride input samples (a fixed-size buffer)
   CausalConvTranspose1d   the k - stride output samples that spill past the chunk (overlap-add)
   ConvNeXtBlock           its causal depthwise conv streams as above; the rest is pointwise
+  ResidualUnit            x + block(x); in the decoder, with its pointwise work fused (below)
   WindowLimitedTransformer  per layer a rolling KV cache of the last window - 1 positions (after
                           RoPE), positions continuing across calls as in a whole decode (0..T-1)
   Snake1d, Tanh           stateless
 The streamers walk the codec's own module tree and call its modules (weights shared, nothing copied);
 an unknown module type is an error, so an architecture change cannot stream silently wrong.
+
+The decoder's residual units (most of its work) stream as convolutions without their biases and
+three pointwise passes: Snake into the dilated conv's left context, bias + Snake, bias + residual;
+the 1x1 conv is a matmul, which needs no layout change (cuDNN converts NCHW to NHWC and back around
+it). Compiled (Decoder.compile_activations), each pass is one kernel. The encoder's units keep the
+module's own ops, so that reference codes stay the reference implementation's.
 
 State lives in buffers of fixed shape updated in place, the transformer's position is a device
 tensor, and the per-chunk path makes no host syncs, so a chunk of fixed size can be captured in a
@@ -56,6 +63,7 @@ from .codec import (
     rope_table,
     weight_norm,
 )
+from .tuned_conv import ShapeTunedConv1d
 
 __all__ = ["Rows", "StreamingDecoder", "StreamingEncoder", "decode_chunked", "encode_chunked"]
 
@@ -148,6 +156,44 @@ class _Residual(_Streamer):
 
     def children(self) -> list[_Streamer]:
         return [self.block]
+
+
+class _FusedResidual(_Streamer):
+    """ResidualUnit x + conv1(snake(conv7(snake(x)))) with the pointwise work fused (module docstring)."""
+
+    def __init__(self, m: ResidualUnit, batch: int):
+        first_snake, dilated, second_snake, pointwise = m.block
+        if dilated.stride != 1 or pointwise.left_pad or _weight(pointwise.conv).shape[-1] != 1:
+            raise TypeError("a fused residual unit expects a stride-1 causal conv, then a 1x1 conv")
+        self.m = m
+        self.context = _state(batch, _weight(dilated.conv).shape[1], dilated.left_pad, m)
+
+    def step(self, x: Tensor, rows: Rows | None) -> Tensor:
+        first_snake, dilated, second_snake, pointwise = self.m.block
+        ops = self.m.pointwise
+        full = ops.context_snake(_read(self.context, rows), x, first_snake.alpha, first_snake.eps)
+        _write(self.context, rows, full[..., full.shape[-1] - self.context.shape[-1]:])
+        y = _convolve_unbiased(dilated.conv, full)
+        y = ops.biased_snake(y, dilated.conv.bias, second_snake.alpha, second_snake.eps)
+        y = torch.matmul(_weight(pointwise.conv).to(y.dtype)[..., 0], y)
+        return ops.biased_residual(x, y, pointwise.conv.bias)
+
+    def reset(self, rows: Rows | None) -> None:
+        _zero(self.context, rows)
+
+
+def _weight(conv: nn.Module) -> Tensor:
+    """A Conv1d's or WNConv's (c_out, c_in, k) weight."""
+    return weight_norm(*conv.g_v) if isinstance(conv, WNConv) else conv.weight
+
+
+def _convolve_unbiased(conv: nn.Module, x: Tensor) -> Tensor:
+    """conv(x) without its bias (a fused pointwise pass adds it)."""
+    if isinstance(conv, ShapeTunedConv1d):
+        return conv.convolve(x, None)
+    if isinstance(conv, WNConv):
+        return F.conv1d(x, _weight(conv).to(x.dtype), None, conv.stride, dilation=conv.dilation)
+    return F.conv1d(x, conv.weight, None, conv.stride, conv.padding, conv.dilation, conv.groups)
 
 
 def _state(batch: int, channels: int, length: int, like: nn.Module) -> Tensor:
@@ -316,7 +362,11 @@ class _Transformer(_Streamer):
         self.frames[slice(None) if rows is None else rows.host] = 0
 
 
-def _streamer(m: nn.Module, batch: int, rope_base: float) -> _Streamer:
+def _streamer(m: nn.Module, batch: int, rope_base: float, fuse_residuals: bool = False) -> _Streamer:
+    """m's streaming forward; fuse_residuals: residual units as _FusedResidual (the decoder's)."""
+    def inner(child: nn.Module) -> _Streamer:
+        return _streamer(child, batch, rope_base, fuse_residuals)
+
     if isinstance(m, CausalConv1d):
         return _Conv(m, batch)
     if isinstance(m, CausalConvTranspose1d):
@@ -326,13 +376,13 @@ def _streamer(m: nn.Module, batch: int, rope_base: float) -> _Streamer:
     if isinstance(m, WindowLimitedTransformer):
         return _Transformer(m, batch, rope_base)
     if isinstance(m, ResidualUnit):
-        return _Residual(_streamer(m.block, batch, rope_base))
+        return _FusedResidual(m, batch) if fuse_residuals else _Residual(inner(m.block))
     if isinstance(m, (DecoderBlock, EncoderBlock, Encoder)):
-        return _streamer(m.block, batch, rope_base)
+        return inner(m.block)
     if isinstance(m, Decoder):
-        return _streamer(m.model, batch, rope_base)
+        return inner(m.model)
     if type(m) is nn.Sequential:
-        return _Sequence([_streamer(c, batch, rope_base) for c in m])
+        return _Sequence([inner(c) for c in m])
     if isinstance(m, (Snake1d, nn.Tanh, nn.Identity)):
         return _Stateless(m)
     raise TypeError(f"no streaming forward for {type(m).__name__}: the codec's architecture changed")
@@ -362,7 +412,7 @@ class StreamingDecoder:
         q, base = codec.quantizer, cfg.quantizer_transformer.rope_base
         self._post = _streamer(q.post_module, batch, base)
         self._up = _streamer(q.upsample, batch, base)
-        self._dec = _streamer(codec.decoder, batch, base)
+        self._dec = _streamer(codec.decoder, batch, base, fuse_residuals=True)
 
     @property
     def frames(self) -> np.ndarray:

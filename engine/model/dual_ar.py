@@ -21,6 +21,13 @@ from torch import Tensor, nn
 
 from ..errors import CheckpointError
 
+try:  # the compiled decode step's attention kernel; without Triton the step writes attention in PyTorch ops
+    from . import decode_attention as attention_kernel
+except ModuleNotFoundError as missing:
+    if missing.name != "triton":
+        raise
+    attention_kernel = None
+
 # Keys of the released config.json that change the architecture we build.
 _REQUIRED_KEYS = (
     "dim", "n_layer", "n_head", "n_local_heads", "head_dim", "intermediate_size", "vocab_size",
@@ -208,7 +215,11 @@ class Attention(nn.Module):
         mask = kv.mask
         if mask is not None:
             mask = mask.expand(bsz, group, seqlen, kv_len).reshape(bsz, 1, group * seqlen, kv_len)
-        if seqlen == 1 and torch.compiler.is_compiling():
+        if seqlen == 1 and mask is not None and torch.compiler.is_compiling() \
+                and attention_kernel is not None and attention_kernel.supports(q):
+            # Each row reads its own live keys (positions 0..p) instead of the whole bucket.
+            out = attention_kernel.decode_attention(q, keys, values, kv.positions[:, 0] + 1)
+        elif seqlen == 1 and torch.compiler.is_compiling():
             out = one_query_attention(q, keys, values, mask)
         else:
             out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)

@@ -62,22 +62,26 @@ class ShapeTunedConv1d(nn.Conv1d):
         self.im2col_for: dict[tuple, bool] = {}  # (input shape, dtype) -> whether im2col was faster
 
     def forward(self, x: Tensor) -> Tensor:
+        return self.convolve(x, self.bias)
+
+    def convolve(self, x: Tensor, bias: Tensor | None) -> Tensor:
+        """This convolution with `bias` instead of its own (None: without one)."""
         key = (tuple(x.shape), x.dtype)
         use_im2col = self.im2col_for.get(key)
         if use_im2col is None and self.tuning and x.is_cuda and not torch.cuda.is_current_stream_capturing():
-            im2col_ms, cudnn_ms = self._milliseconds(self._im2col, x), self._milliseconds(super().forward, x)
+            im2col_ms = self._milliseconds(lambda: conv1d_im2col(x, self.weight, bias, self.dilation[0]))
+            cudnn_ms = self._milliseconds(lambda: self._conv_forward(x, self.weight, bias))
             use_im2col = self.im2col_for[key] = im2col_ms < self.IM2COL_MARGIN * cudnn_ms
-        return self._im2col(x) if use_im2col else super().forward(x)
+        if use_im2col:
+            return conv1d_im2col(x, self.weight, bias, self.dilation[0])
+        return self._conv_forward(x, self.weight, bias)
 
-    def _im2col(self, x: Tensor) -> Tensor:
-        return conv1d_im2col(x, self.weight, self.bias, self.dilation[0])
-
-    def _milliseconds(self, fn, x: Tensor) -> float:
-        fn(x)  # plans, workspaces
+    def _milliseconds(self, call) -> float:
+        call()  # plans, workspaces
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         for _ in range(self.TIMED_CALLS):
-            fn(x)
+            call()
         end.record()
         end.synchronize()
         return start.elapsed_time(end)
