@@ -32,7 +32,7 @@ def _attend_split(q_ptr, k_ptr, v_ptr, lengths_ptr, partial_ptr, lse_ptr,
                   q_stride_b, q_stride_h, q_stride_g,
                   k_stride_b, k_stride_h, k_stride_l,
                   v_stride_b, v_stride_h, v_stride_l,
-                  scale_log2, group: tl.constexpr, rows: tl.constexpr, head_dim: tl.constexpr,
+                  scale_log2: tl.constexpr, group: tl.constexpr, rows: tl.constexpr, head_dim: tl.constexpr,
                   split_keys: tl.constexpr, block_keys: tl.constexpr, ieee: tl.constexpr):
     b, h, split = tl.program_id(0).to(tl.int64), tl.program_id(1), tl.program_id(2)
     start = split * split_keys
@@ -104,7 +104,8 @@ def decode_attention(q: Tensor, keys: Tensor, values: Tensor, lengths: Tensor) -
     """q (B, H_kv, G, D): the G query heads sharing each kv head; keys, values (B, H_kv, L, D) with
     unit stride on D; lengths (B,) int, 1 <= lengths <= L: row b attends keys 0..lengths[b]-1.
     Returns (B, H_kv, G, D) in q's dtype; scores, softmax and sums in fp32."""
-    batch, kv_heads, group, head_dim = q.shape
+    batch, kv_heads = q.shape[:2]
+    group, head_dim = int(q.shape[2]), int(q.shape[3])  # compile-time constants of the kernels
     splits = triton.cdiv(keys.shape[2], SPLIT_KEYS)
     q = q.contiguous()
     partial = torch.empty((batch, kv_heads, splits, group, head_dim), device=q.device, dtype=torch.float32)
@@ -115,7 +116,7 @@ def decode_attention(q: Tensor, keys: Tensor, values: Tensor, lengths: Tensor) -
         q.stride(0), q.stride(1), q.stride(2),
         keys.stride(0), keys.stride(1), keys.stride(2),
         values.stride(0), values.stride(1), values.stride(2),
-        head_dim ** -0.5 * log2e, group=group, rows=max(MIN_DOT_ROWS, triton.next_power_of_2(group)),
+        scale_log2=head_dim ** -0.5 * log2e, group=group, rows=max(MIN_DOT_ROWS, triton.next_power_of_2(group)),
         head_dim=head_dim, split_keys=SPLIT_KEYS, block_keys=BLOCK_KEYS, ieee=q.dtype == torch.float32)
     out = torch.empty_like(q)
     wrap_triton(_merge_splits)[(batch * kv_heads, group)](partial, lse, out, splits, group=group, head_dim=head_dim)
