@@ -91,10 +91,6 @@ class CompilePolicy:
 
         return backend
 
-    def compile_dynamic(self, fn):
-        """fn compiled once for inputs of any shape, with this policy's Inductor settings."""
-        return torch.compile(fn, dynamic=True, fullgraph=True, backend=self.inductor_backend())
-
     def describe(self) -> str:
         mode = f"torch.compile ({self.mode}) + CUDA graphs" if self.compile and self.cuda_graphs else (
             "eager + CUDA graphs" if self.cuda_graphs else "eager")

@@ -77,8 +77,10 @@ class Synthesizer:
             models.model.release_output_()
         self.prefix_cache = PrefixCache(cache, prefix_cache_bytes)
         self.scheduler = Scheduler(self.runner, self.prefix_cache)
-        if policy.compile:
-            models.codec.decoder.compile_activations(policy.compile_dynamic)
+        if policy.compile:  # CUDA with Triton: the decoder's pointwise work as Triton kernels
+            from .model import codec_kernels
+
+            codec_kernels.use_in(models.codec.decoder)
         if policy.cuda_graphs:
             tune_dilated_convs(models.codec.decoder)  # timed while the codec runner captures
         self.codec_runner = CodecRunner(models.codec, slots, self.capacity)

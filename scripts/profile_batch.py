@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """How the decode step and the streaming codec scale with the batch (full-size weights, GPU).
 
-    python scripts/profile_batch.py --weights random [--batches 1,8,16,32,64] [--kv 1024] [--codec-snakes eager] [--codec-convs cudnn] [--json out.json]
+    python scripts/profile_batch.py --weights random [--batches 1,8,16,32,64] [--kv 1024] [--codec-pointwise eager] [--codec-convs cudnn] [--json out.json]
 
 For each batch size: the graphed decode step's time per step (every row one frame), and the
 streaming codec's time per chunk of --chunk frames for that many rows, eager and replayed as a
@@ -77,8 +77,9 @@ def main(argv=None) -> int:
     p.add_argument("--batches", default="1,8,16,32,64")
     p.add_argument("--kv", type=int, default=1024, help="kv bucket of the timed steps")
     p.add_argument("--chunk", type=int, default=16, help="codec chunk in frames")
-    p.add_argument("--codec-snakes", default="compiled", choices=["compiled", "eager"],
-                   help="the codec decoder's Snake activations as the engine runs them with compile on, or eager")
+    p.add_argument("--codec-pointwise", default="kernels", choices=["kernels", "eager"],
+                   help="the codec decoder's Snakes, bias and residual adds as the engine runs them with compile "
+                        "on (Triton kernels), or eager")
     p.add_argument("--codec-convs", default="tuned", choices=["tuned", "cudnn"],
                    help="the decoder's dilated convs timed per shape against a matmul, as the engine runs them, or cuDNN's")
     p.add_argument("--codec-kernels", action="store_true",
@@ -106,8 +107,10 @@ def main(argv=None) -> int:
     cache = KVCache(c.n_layer, slots, c.n_local_heads, args.kv, c.head_dim, models.placement.dtype, "cuda")
     policy = compilation.decide(args.compile, torch.device("cuda"))
     runner = StepRunner(model, cache, policy)
-    if policy.compile and args.codec_snakes == "compiled":
-        models.codec.decoder.compile_activations(policy.compile_dynamic)
+    if policy.compile and args.codec_pointwise == "kernels":
+        from engine.model import codec_kernels
+
+        codec_kernels.use_in(models.codec.decoder)
     if args.codec_convs == "tuned":
         tune_dilated_convs(models.codec.decoder)
     runner.kv_buckets = [args.kv]
@@ -137,7 +140,7 @@ def main(argv=None) -> int:
         print(json.dumps(rows[-1]))
     codec_kernels = top_kernels(lambda: decoder.decode(codes)) if args.codec_kernels else None
     result = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "kv": args.kv,
-              "cudnn_benchmark": args.cudnn_benchmark, "codec_snakes": args.codec_snakes, "codec_convs": args.codec_convs,
+              "cudnn_benchmark": args.cudnn_benchmark, "codec_pointwise": args.codec_pointwise, "codec_convs": args.codec_convs,
               "chunk": args.chunk, "rows": rows, "codec_top_kernels": codec_kernels, "peak_gb": torch.cuda.max_memory_allocated() / 1e9}
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))

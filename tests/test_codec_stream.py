@@ -402,24 +402,22 @@ def test_streaming_encoder_takes_whole_frames_only(fixture_codec):
 # --- compiled activations ----------------------------------------------------------------------------
 
 
-def test_compile_activations_swaps_the_decoders_pointwise_functions_only(fixture_codec):
+def test_use_pointwise_swaps_the_decoders_pointwise_functions_only(fixture_codec):
     from engine.model.codec import (ResidualPointwise, ResidualUnit, Snake1d, biased_residual, biased_snake,
                                     context_snake, snake)
 
     codec = copy.deepcopy(fixture_codec)
-    compiled_from, calls = [], []
+    calls = []
 
-    def fake_compile(fn):
-        compiled_from.append(fn)
-
-        def counted(*args):
+    def counted(fn):
+        def call(*args):
             calls.append(fn.__name__)
             return fn(*args)
 
-        return counted
+        return call
 
-    codec.decoder.compile_activations(fake_compile)
-    assert compiled_from == [snake, context_snake, biased_snake, biased_residual]  # each once, shared
+    codec.decoder.use_pointwise(counted(snake), ResidualPointwise(*map(counted, (context_snake, biased_snake,
+                                                                                 biased_residual))))
     decoder_snakes = [m for m in codec.decoder.modules() if isinstance(m, Snake1d)]
     other_snakes = [m for name, m in codec.named_modules() if isinstance(m, Snake1d) and not name.startswith("decoder.")]
     decoder_units = [m for m in codec.decoder.modules() if isinstance(m, ResidualUnit)]
@@ -444,20 +442,46 @@ def test_compile_activations_swaps_the_decoders_pointwise_functions_only(fixture
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_pointwise_kernels_equal_the_eager_functions(dtype):
+    """Each Triton kernel against its eager function computed in fp32 (so the kernel's only error is
+    the rounding of its output), on a strided context and odd lengths."""
+    from engine.model import codec, codec_kernels
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    x, y = (torch.randn(3, 40, 1501, device="cuda", generator=gen).to(dtype) for _ in range(2))
+    context = torch.randn(3, 40, 80, device="cuda", generator=gen).to(dtype)[..., 20:74]  # 54 steps, strided
+    alpha = (torch.rand(1, 40, 1, device="cuda", generator=gen) + 0.3).to(dtype)
+    bias = torch.randn(40, device="cuda", generator=gen).to(dtype)
+    eps = 1e-9
+    f = lambda t: t.float()  # noqa: E731
+    pairs = [
+        (codec_kernels.snake(x, alpha, eps), codec.snake(f(x), f(alpha), eps)),
+        (codec_kernels.context_snake(context, x, alpha, eps), codec.context_snake(f(context), f(x), f(alpha), eps)),
+        (codec_kernels.biased_snake(x, bias, alpha, eps), codec.biased_snake(f(x), f(bias), f(alpha), eps)),
+        (codec_kernels.biased_residual(x, y, bias), codec.biased_residual(f(x), f(y), f(bias))),
+    ]
+    tolerance = {torch.float32: dict(rtol=1e-5, atol=1e-5), torch.bfloat16: dict(rtol=8e-3, atol=8e-3)}[dtype]
+    for got, expected in pairs:
+        assert got.dtype == dtype
+        torch.testing.assert_close(got.float(), expected, **tolerance)
+
+
+@pytest.mark.gpu
 @pytest.mark.slow
-def test_compiled_snakes_decode_full_size_audio_like_eager_ones():
+def test_pointwise_kernels_decode_full_size_audio_like_eager_ops():
     """Full-size random codec in bf16, three streams decoded 16 frames at a time through a CUDA graph,
-    as the engine's codec runner does: Snakes compiled (one fused kernel each, fp32 inside) against
-    eager ones (bf16 rounding after each of five ops), each against an fp32 decode. Random weights
-    make bf16 drift far (measured on an H100: relative error 0.124 eager, 0.118 compiled, 0.106
-    between the two); a wrong fused kernel gives ~1."""
-    from engine.compilation import CompilePolicy
+    as the engine's codec runner does: the Triton pointwise kernels (fp32 inside each) against the
+    eager ops (bf16 rounding after each op), each against an fp32 decode. Random weights make bf16
+    drift far (measured on an H100 with compiled Snakes: relative error 0.124 eager, 0.118
+    compiled, 0.106 between the two); a wrong kernel gives ~1."""
+    from engine.model import codec_kernels
 
     config = CodecConfig.s1_mini()
     fp32 = random_codec(config, device="cuda")
     eager = copy.deepcopy(fp32).decode_in(torch.bfloat16)
-    compiled = copy.deepcopy(eager)
-    compiled.decoder.compile_activations(CompilePolicy(True, True, "test").compile_dynamic)
+    kernels = copy.deepcopy(eager)
+    codec_kernels.use_in(kernels.decoder)
     codes = random_codes(config, 3, 64, seed=3).cuda()
 
     def graphed_decode(codec):
@@ -474,8 +498,8 @@ def test_compiled_snakes_decode_full_size_audio_like_eager_ones():
 
     with torch.inference_mode():
         reference = fp32.decode(codes)
-        audio_eager, audio_compiled = graphed_decode(eager), graphed_decode(compiled)
-    errors = rel_err(audio_eager, reference), rel_err(audio_compiled, reference), rel_err(audio_compiled, audio_eager)
+        audio_eager, audio_kernels = graphed_decode(eager), graphed_decode(kernels)
+    errors = rel_err(audio_eager, reference), rel_err(audio_kernels, reference), rel_err(audio_kernels, audio_eager)
     assert errors[1] <= 1.3 * errors[0] and errors[2] <= 1.5 * errors[0], errors
 
 

@@ -130,7 +130,7 @@ class Snake1d(nn.Module):
         super().__init__()
         self.alpha = nn.Parameter(torch.empty(1, channels, 1))
         self.eps = eps
-        self.function = snake  # Decoder.compile_activations swaps in a compiled one
+        self.function = snake  # Decoder.use_pointwise swaps in a kernel
 
     def forward(self, x: Tensor) -> Tensor:
         return self.function(x, self.alpha, self.eps)
@@ -154,7 +154,7 @@ def biased_residual(x: Tensor, y: Tensor, bias: Tensor) -> Tensor:
 @dataclass(frozen=True)
 class ResidualPointwise:
     """The pointwise work around a residual unit's two convs when it streams (codec_stream): eager
-    here; Decoder.compile_activations swaps in compiled ones (one kernel each)."""
+    here; Decoder.use_pointwise swaps in kernels (one each, engine/model/codec_kernels.py)."""
 
     context_snake: Callable = context_snake
     biased_snake: Callable = biased_snake
@@ -481,18 +481,16 @@ class Decoder(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         return self.model(x)
 
-    def compile_activations(self, compile_fn) -> None:
-        """Every Snake runs `compile_fn(snake)`, and every residual unit's streamed pointwise work
-        (ResidualPointwise) compiled functions too. Eager, they make up most of the decoder's memory
-        traffic (docs/PERFORMANCE.md); the encoder keeps the eager ones, so a reference clip's
-        codes stay those of the reference implementation."""
-        compiled = compile_fn(snake)
-        pointwise = ResidualPointwise(*(compile_fn(f) for f in (context_snake, biased_snake, biased_residual)))
+    def use_pointwise(self, snake_fn: Callable, residual: ResidualPointwise) -> None:
+        """Every Snake runs snake_fn, and every residual unit streams its pointwise work with `residual`
+        (engine/model/codec_kernels.py). Eager, that work is most of the decoder's memory traffic
+        (docs/PERFORMANCE.md); the encoder keeps the eager ops, so that a reference clip's codes stay
+        those of the reference implementation."""
         for module in self.modules():
             if isinstance(module, Snake1d):
-                module.function = compiled
+                module.function = snake_fn
             elif isinstance(module, ResidualUnit):
-                module.pointwise = pointwise
+                module.pointwise = residual
 
 
 # --------------------------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ an unknown module type is an error, so an architecture change cannot stream sile
 The decoder's residual units (most of its work) stream as convolutions without their biases and
 three pointwise passes: Snake into the dilated conv's left context, bias + Snake, bias + residual;
 the 1x1 conv is a matmul, which needs no layout change (cuDNN converts NCHW to NHWC and back around
-it). Compiled (Decoder.compile_activations), each pass is one kernel. The encoder's units keep the
+it). With the engine's kernels (Decoder.use_pointwise), each pass is one kernel. The encoder's units keep the
 module's own ops, so that reference codes stay the reference implementation's.
 
 State lives in buffers of fixed shape updated in place, the transformer's position is a device

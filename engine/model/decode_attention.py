@@ -24,6 +24,7 @@ from torch.library import triton_op, wrap_triton
 
 SPLIT_KEYS = 128  # keys per program: 4,096 programs at batch 64, bucket 1024
 BLOCK_KEYS = 64  # keys per inner iteration
+NUM_WARPS, NUM_STAGES = 4, 3
 MIN_DOT_ROWS = 16  # tl.dot needs 16 rows: the query group (2 heads for S1-mini) is padded to it
 
 
@@ -117,7 +118,8 @@ def decode_attention(q: Tensor, keys: Tensor, values: Tensor, lengths: Tensor) -
         keys.stride(0), keys.stride(1), keys.stride(2),
         values.stride(0), values.stride(1), values.stride(2),
         scale_log2=head_dim ** -0.5 * log2e, group=group, rows=max(MIN_DOT_ROWS, triton.next_power_of_2(group)),
-        head_dim=head_dim, split_keys=SPLIT_KEYS, block_keys=BLOCK_KEYS, ieee=q.dtype == torch.float32)
+        head_dim=head_dim, split_keys=SPLIT_KEYS, block_keys=BLOCK_KEYS, ieee=q.dtype == torch.float32,
+        num_warps=NUM_WARPS, num_stages=NUM_STAGES)
     out = torch.empty_like(q)
     wrap_triton(_merge_splits)[(batch * kv_heads, group)](partial, lse, out, splits, group=group, head_dim=head_dim)
     return out
