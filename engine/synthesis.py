@@ -22,7 +22,7 @@ from loguru import logger
 from .compilation import CompilePolicy
 from .errors import InputError
 from .loader import LoadedModels
-from .model.tuned_conv import tune_dilated_convs
+from .model.tuned_conv import tune_convs
 from .params import SamplingParams
 from .references import ReferenceCodeCache
 from .runtime.codec_runner import CodecRunner
@@ -82,7 +82,7 @@ class Synthesizer:
 
             codec_kernels.use_in(models.codec.decoder)
         if policy.cuda_graphs:
-            tune_dilated_convs(models.codec.decoder)  # timed while the codec runner captures
+            tune_convs(models.codec.decoder)  # timed while the codec runner captures
         self.codec_runner = CodecRunner(models.codec, slots, self.capacity)
         self.reference_encoder = ReferenceEncoder(models.codec, REFERENCE_CHUNK_FRAMES,
                                                   min(reference_frames, GRAPHED_REFERENCE_FRAMES))

@@ -96,7 +96,7 @@ def main(argv=None) -> int:
     from engine.config import EngineConfig
     from engine.loader import load_models
     from engine.model.codec_stream import StreamingDecoder
-    from engine.model.tuned_conv import tune_dilated_convs, tuning
+    from engine.model.tuned_conv import tune_convs, tuning
     from engine.runtime.kv_cache import KVCache
     from engine.runtime.step_runner import StepRunner
 
@@ -112,7 +112,7 @@ def main(argv=None) -> int:
 
         codec_kernels.use_in(models.codec.decoder)
     if args.codec_convs == "tuned":
-        tune_dilated_convs(models.codec.decoder)
+        tune_convs(models.codec.decoder)
     runner.kv_buckets = [args.kv]
     runner.prepare(batches)
     for slot in range(slots):

@@ -536,14 +536,16 @@ def test_a_tuned_conv_computes_the_convolution_either_way(part_bytes, monkeypatc
 
 
 def test_tuned_decoder_convs_share_weights_and_decode_alike(fixture_codec):
-    from engine.model.tuned_conv import ShapeTunedConv1d, tune_dilated_convs, tuning
+    from engine.model.tuned_conv import ShapeTunedConv1d, tune_convs, tuning
 
     codec = copy.deepcopy(fixture_codec)
-    dilated = [m for m in codec.decoder.modules() if type(m) is torch.nn.Conv1d and m.dilation != (1,)]
-    tune_dilated_convs(codec.decoder)
+    convs = [m for m in codec.decoder.modules() if type(m) is torch.nn.Conv1d]
+    taps = [m for m in convs if m.kernel_size[0] > 1]
+    tune_convs(codec.decoder)
     tuned = [m for m in codec.decoder.modules() if isinstance(m, ShapeTunedConv1d)]
-    assert len(tuned) == len(dilated) > 0
-    assert all(t.weight is d.weight and t.dilation == d.dilation for t, d in zip(tuned, dilated))
+    assert len(tuned) == len(taps) > 0 and len(taps) < len(convs)  # 1x1 convs are not tuned
+    assert any(t.dilation != (1,) for t in tuned) and any(t.dilation == (1,) for t in tuned)
+    assert all(t.weight is d.weight and t.dilation == d.dilation for t, d in zip(tuned, taps))
     assert not any(isinstance(m, ShapeTunedConv1d) for m in codec.encoder.modules())
     codes = random_codes(codec.config, 2, 12)
     with torch.inference_mode(), tuning(codec.decoder):  # on the CPU nothing is timed: cuDNN's path

@@ -8,7 +8,8 @@ H100 (docs/PERFORMANCE.md). Here each row reads only its live keys (0..length-1)
 Split-KV ("flash decoding"): program (row, kv head, split) attends the group of query heads that
 share the kv head over one split of SPLIT_KEYS keys and writes its normalised partial output and
 log-sum-exp; a second kernel merges the splits. Splits past a row's length exit at once. The
-number of splits depends on the bucket only, so one compiled graph serves every batch size.
+number of splits depends on the bucket (and on a batch of one row, whose graph is compiled apart),
+so one compiled graph serves every batch size above one.
 
 Registered as a torch.library.triton_op so that Inductor compiles it into the step's graph (and
 CUDA graphs capture it). Importing this module needs Triton.
@@ -20,11 +21,13 @@ import torch
 import triton
 import triton.language as tl
 from torch import Tensor
+from torch.fx.experimental.symbolic_shapes import statically_known_true
 from torch.library import triton_op, wrap_triton
 
-SPLIT_KEYS = 128  # keys per program: 4,096 programs at batch 64, bucket 1024
-BLOCK_KEYS = 64  # keys per inner iteration
-NUM_WARPS, NUM_STAGES = 4, 3
+# Keys per program, and per inner iteration. Timed on an H100 (docs/PERFORMANCE.md): 256 keys at
+# batch 16-64 (2.6 TB/s), 64 at batch 1, where 256 would leave most SMs idle.
+SPLIT_KEYS, ONE_ROW_SPLIT_KEYS, BLOCK_KEYS = 256, 64, 64
+NUM_WARPS, NUM_STAGES = 4, 2
 MIN_DOT_ROWS = 16  # tl.dot needs 16 rows: the query group (2 heads for S1-mini) is padded to it
 
 
@@ -107,7 +110,8 @@ def decode_attention(q: Tensor, keys: Tensor, values: Tensor, lengths: Tensor) -
     Returns (B, H_kv, G, D) in q's dtype; scores, softmax and sums in fp32."""
     batch, kv_heads = q.shape[:2]
     group, head_dim = int(q.shape[2]), int(q.shape[3])  # compile-time constants of the kernels
-    splits = triton.cdiv(keys.shape[2], SPLIT_KEYS)
+    split_keys = ONE_ROW_SPLIT_KEYS if statically_known_true(batch == 1) else SPLIT_KEYS
+    splits = triton.cdiv(keys.shape[2], split_keys)
     q = q.contiguous()
     partial = torch.empty((batch, kv_heads, splits, group, head_dim), device=q.device, dtype=torch.float32)
     lse = torch.empty((batch, kv_heads, splits, group), device=q.device, dtype=torch.float32)
@@ -118,7 +122,7 @@ def decode_attention(q: Tensor, keys: Tensor, values: Tensor, lengths: Tensor) -
         keys.stride(0), keys.stride(1), keys.stride(2),
         values.stride(0), values.stride(1), values.stride(2),
         scale_log2=head_dim ** -0.5 * log2e, group=group, rows=max(MIN_DOT_ROWS, triton.next_power_of_2(group)),
-        head_dim=head_dim, split_keys=SPLIT_KEYS, block_keys=BLOCK_KEYS, ieee=q.dtype == torch.float32,
+        head_dim=head_dim, split_keys=split_keys, block_keys=BLOCK_KEYS, ieee=q.dtype == torch.float32,
         num_warps=NUM_WARPS, num_stages=NUM_STAGES)
     out = torch.empty_like(q)
     wrap_triton(_merge_splits)[(batch * kv_heads, group)](partial, lse, out, splits, group=group, head_dim=head_dim)

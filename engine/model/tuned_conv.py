@@ -1,4 +1,4 @@
-"""Dilated convolutions run by cuDNN or as one matmul (im2col), whichever is faster for the shape.
+"""Convolutions run by cuDNN or as one matmul (im2col), whichever is faster for the shape.
 
 On an H100 (torch 2.11, cuDNN 9) one of S1-mini's decoder convolutions at batch 64, 384 channels
 with dilation 9 over 4,096 samples, takes cuDNN 18.5 ms, the others of its kind 1.4-3 ms, and the
@@ -7,8 +7,9 @@ Which shapes cuDNN handles badly depends on the GPU and cuDNN version, so each s
 both ways, while `tuning()` is on (the codec runner turns it on while it captures its graphs) and
 the faster one kept (im2col only when clearly faster: near ties keep cuDNN, so a restart makes the
 same choice); shapes never timed run cuDNN. Timing and choices live on the one thread that drives the
-codec (the engine's GPU worker). Only plain nn.Conv1d are tuned: the codec's weight norm must be fused
-first, as every loaded codec's is for inference.
+codec (the engine's GPU worker). Every plain stride-1 nn.Conv1d with more than one tap is tuned (cuDNN
+also spends time changing NCHW to NHWC and back around its kernels for undilated ones); the codec's
+weight norm must be fused first, as every loaded codec's is for inference.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ def conv1d_im2col(x: Tensor, weight: Tensor, bias: Tensor | None, dilation: int)
 
 
 class ShapeTunedConv1d(nn.Conv1d):
-    """A dilated, unpadded, stride-1 Conv1d that runs cuDNN or conv1d_im2col, as timed per input shape."""
+    """An unpadded, stride-1 Conv1d that runs cuDNN or conv1d_im2col, as timed per input shape."""
 
     TIMED_CALLS = 5
     IM2COL_MARGIN = 0.9  # im2col is chosen only below this fraction of cuDNN's time
@@ -87,11 +88,13 @@ class ShapeTunedConv1d(nn.Conv1d):
         return start.elapsed_time(end)
 
 
-def tune_dilated_convs(module: nn.Module) -> None:
-    """Replace every dilated Conv1d inside `module` by a ShapeTunedConv1d sharing its weights."""
+def tune_convs(module: nn.Module) -> None:
+    """Replace every unpadded, stride-1, ungrouped Conv1d of more than one tap inside `module` by a
+    ShapeTunedConv1d sharing its weights."""
     for parent in list(module.modules()):
         for name, child in list(parent.named_children()):
-            if type(child) is nn.Conv1d and child.dilation != (1,):
+            if (type(child) is nn.Conv1d and child.kernel_size[0] > 1 and child.stride == (1,)
+                    and child.padding == (0,) and child.groups == 1):
                 setattr(parent, name, ShapeTunedConv1d.like(child))
 
 
