@@ -1,0 +1,101 @@
+#!/usr/bin/env python
+"""Time the decode step's attention kernel (engine/model/decode_attention.py) in its launch settings.
+
+    python scripts/bench_decode_attention.py [--json out.json]
+
+S1-mini's slow-layer shapes (8 kv heads, 2 query heads each, head dim 128, bf16, a 4,096-position
+cache), for a few (batch, kv bucket, row lengths) cases: each launch setting (keys per program, keys
+per iteration, warps, pipeline stages) is captured 28 times in a CUDA graph, like the step's 28
+layers, and timed per call; the attention written in PyTorch ops that the compiled step used before
+(dual_ar.one_query_attention, compiled) is timed the same way. Prints the fastest settings per case
+with the bandwidth over the live keys. Needs CUDA and Triton.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from engine.model import decode_attention as kernel  # noqa: E402
+from engine.model.dual_ar import one_query_attention  # noqa: E402
+
+CASES = [(64, 1024, "half"), (64, 1024, "random"), (1, 512, "half"), (16, 1024, "random")]
+SETTINGS = [s for s in itertools.product((64, 128, 256), (32, 64, 128), (4, 8), (1, 2, 3)) if s[1] <= s[0]]
+LAYERS = 28
+
+
+def make_case(batch: int, kv_len: int, lengths: str, capacity: int = 4096):
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q = torch.randn(batch, 8, 2, 128, device="cuda", generator=gen).bfloat16()
+    keys, values = (torch.randn(batch, 8, capacity, 128, device="cuda", generator=gen).bfloat16()[:, :, :kv_len]
+                    for _ in range(2))
+    if lengths == "half":
+        row_lengths = torch.full((batch,), kv_len // 2, device="cuda")
+    else:  # random lengths from a quarter of the bucket to all of it
+        row_lengths = torch.randint(kv_len // 4, kv_len + 1, (batch,), device="cuda", generator=gen)
+    return q, keys, values, row_lengths
+
+
+def microseconds_per_call(call, replays: int = 20) -> float:
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            call()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(LAYERS):
+            call()
+    graph.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(replays):
+        graph.replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) * 1000 / replays / LAYERS
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--json")
+    args = p.parse_args(argv)
+    chosen = (kernel.SPLIT_KEYS, kernel.ONE_ROW_SPLIT_KEYS, kernel.BLOCK_KEYS, kernel.NUM_WARPS, kernel.NUM_STAGES)
+    ops_attention = torch.compile(one_query_attention)
+    report = []
+    for batch, kv_len, lengths in CASES:
+        q, keys, values, row_lengths = make_case(batch, kv_len, lengths)
+        mask = (torch.arange(kv_len, device="cuda") < row_lengths[:, None, None, None]).expand(batch, 1, 2, kv_len)
+        live_bytes = int(row_lengths.sum()) * 8 * 128 * 2 * 2  # keys and values, bf16
+        ops_us = microseconds_per_call(lambda: ops_attention(q, keys, values, mask))
+        timed = []
+        for setting in SETTINGS:
+            split, kernel.BLOCK_KEYS, kernel.NUM_WARPS, kernel.NUM_STAGES = setting
+            kernel.SPLIT_KEYS = kernel.ONE_ROW_SPLIT_KEYS = split
+            timed.append((microseconds_per_call(lambda: kernel.decode_attention(q, keys, values, row_lengths)), setting))
+        kernel.SPLIT_KEYS, kernel.ONE_ROW_SPLIT_KEYS, kernel.BLOCK_KEYS, kernel.NUM_WARPS, kernel.NUM_STAGES = chosen
+        timed.sort()
+        print(f"batch {batch}, bucket {kv_len}, {lengths} lengths: live KV {live_bytes / 1e6:.1f} MB; "
+              f"PyTorch ops {ops_us:.1f} us/call")
+        for us, (split, block, warps, stages) in timed[:5]:
+            print(f"  {us:6.1f} us  {live_bytes / us / 1e6:.2f} TB/s  keys/program {split}, keys/iteration {block}, "
+                  f"warps {warps}, stages {stages}")
+        report.append({"batch": batch, "kv_bucket": kv_len, "lengths": lengths, "live_kv_mb": live_bytes / 1e6,
+                       "pytorch_ops_us": ops_us,
+                       "settings": [{"us": us, "keys_per_program": s[0], "keys_per_iteration": s[1], "warps": s[2],
+                                     "stages": s[3]} for us, s in timed]})
+    if args.json:
+        Path(args.json).write_text(json.dumps({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+                                               "cases": report}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
