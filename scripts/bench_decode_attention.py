@@ -14,6 +14,7 @@ with the bandwidth over the live keys. Needs CUDA and Triton.
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
 import json
 import sys
@@ -74,12 +75,13 @@ def main(argv=None) -> int:
         q, keys, values, row_lengths = make_case(batch, kv_len, lengths)
         mask = (torch.arange(kv_len, device="cuda") < row_lengths[:, None, None, None]).expand(batch, 1, 2, kv_len)
         live_bytes = int(row_lengths.sum()) * 8 * 128 * 2 * 2  # keys and values, bf16
-        ops_us = microseconds_per_call(lambda: ops_attention(q, keys, values, mask))
+        ops_us = microseconds_per_call(functools.partial(ops_attention, q, keys, values, mask))
         timed = []
         for setting in SETTINGS:
             split, kernel.BLOCK_KEYS, kernel.NUM_WARPS, kernel.NUM_STAGES = setting
             kernel.SPLIT_KEYS = kernel.ONE_ROW_SPLIT_KEYS = split
-            timed.append((microseconds_per_call(lambda: kernel.decode_attention(q, keys, values, row_lengths)), setting))
+            call = functools.partial(kernel.decode_attention, q, keys, values, row_lengths)
+            timed.append((microseconds_per_call(call), setting))
         kernel.SPLIT_KEYS, kernel.ONE_ROW_SPLIT_KEYS, kernel.BLOCK_KEYS, kernel.NUM_WARPS, kernel.NUM_STAGES = chosen
         timed.sort()
         print(f"batch {batch}, bucket {kv_len}, {lengths} lengths: live KV {live_bytes / 1e6:.1f} MB; "

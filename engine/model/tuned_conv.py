@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 
