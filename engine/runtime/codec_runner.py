@@ -9,7 +9,7 @@ On CUDA the codec runs on its own CUDA stream, so its convolutions overlap the n
 instead of stalling them, and its audio is copied to pinned host memory; `completed()` hands out
 the audio whose copy has landed, oldest first, without waiting. Elsewhere it runs at once.
 
-While it captures, the decoder's dilated convolutions are timed for each shape (engine/model/tuned_conv.py).
+While it captures, the decoder's convolutions are timed for each shape (engine/model/tuned_conv.py).
 
 With CUDA graphs, the chunk lengths (BLOCK_SIZES, and a stream's shorter last chunk padded to one
 of them) replay a graph captured per (row bucket, length) instead of launching the decoder's
