@@ -77,17 +77,12 @@ def apply_repetition_penalty(logits: Tensor, history: Tensor, valid: Tensor, pen
     return torch.where(seen, penalised, logits)
 
 
-# Compiled, the pairwise nucleus replaces a sort and a scatter for one row of any vocabulary and for
-# many rows of the fast codebooks' 1,024 codes; codebook 0's 4,097 ids at many rows keep the sort.
-PAIRWISE_MAX_IDS = 1024
-
-
 def apply_top_p(logits: Tensor, top_p: Tensor) -> Tensor:
     """The reference's nucleus: keep each id whose probability plus that of every likelier id is at
     most top_p (so the id that crosses top_p is dropped), and always the likeliest id. Equal logits
     rank by index (a stable sort's order), so the kept set is well defined."""
-    if torch.compiler.is_compiling() and (logits.shape[-1] <= PAIRWISE_MAX_IDS or logits.shape[0] == 1):
-        remove = outside_nucleus_pairwise(logits, top_p)
+    if torch.compiler.is_compiling() and logits.shape[0] == 1:
+        remove = outside_nucleus_pairwise(logits, top_p)  # the compiled batch-1 step: no sort kernel
     else:
         remove = outside_nucleus_sorted(logits, top_p)
     return logits.masked_fill(remove, float("-inf"))
