@@ -81,7 +81,7 @@ def main(argv=None) -> int:
                    help="the codec decoder's Snakes, bias and residual adds as the engine runs them with compile "
                         "on (Triton kernels), or eager")
     p.add_argument("--codec-convs", default="tuned", choices=["tuned", "cudnn"],
-                   help="the decoder's dilated convs timed per shape against a matmul, as the engine runs them, or cuDNN's")
+                   help="the decoder's convs timed per shape against a matmul, as the engine runs them, or cuDNN's")
     p.add_argument("--codec-kernels", action="store_true",
                    help="also list the codec's kernels by GPU time per chunk at the largest batch (torch.profiler)")
     p.add_argument("--cudnn-benchmark", action="store_true", help="let cuDNN time its convolution algorithms")

@@ -16,7 +16,8 @@ def ragged_case(batch, kv_len, dtype, capacity=4096, kv_heads=8, group=2, head_d
     cache_k, cache_v = (torch.randn(batch, kv_heads, capacity, head_dim, device="cuda", generator=gen).to(dtype)
                         for _ in range(2))
     lengths = torch.randint(1, kv_len + 1, (batch,), device="cuda", generator=gen)
-    lengths[0], lengths[-1] = 1, kv_len
+    if batch > 1:
+        lengths[0], lengths[-1] = 1, kv_len
     return q, cache_k[:, :, :kv_len], cache_v[:, :, :kv_len], lengths
 
 
@@ -26,7 +27,7 @@ def sdpa_reference(q, keys, values, lengths):
         q.float(), keys.float(), values.float(), attn_mask=mask.expand(-1, 1, q.shape[2], -1))
 
 
-@pytest.mark.parametrize("batch, kv_len", [(1, 256), (5, 300), (64, 1024)])
+@pytest.mark.parametrize("batch, kv_len", [(1, 256), (1, 1024), (5, 300), (64, 1024)])
 def test_fp32_equals_sdpa_over_each_rows_live_keys(batch, kv_len):
     q, keys, values, lengths = ragged_case(batch, kv_len, torch.float32)
     out = attention_kernel.decode_attention(q, keys, values, lengths)
@@ -45,6 +46,12 @@ def test_bf16_is_as_close_to_fp32_as_the_written_out_attention():
     kernel = attention_kernel.decode_attention(q, keys, values, lengths)
     assert kernel.dtype == torch.bfloat16
     assert (kernel.float() - reference).abs().max() <= 2 * ops_error
+
+
+def test_lengths_past_the_bucket_attend_the_whole_bucket():
+    q, keys, values, lengths = ragged_case(4, 384, torch.float32)
+    expected = attention_kernel.decode_attention(q, keys, values, torch.full_like(lengths, 384))
+    assert torch.equal(attention_kernel.decode_attention(q, keys, values, torch.full_like(lengths, 4096)), expected)
 
 
 def test_keys_past_a_rows_length_are_never_read():

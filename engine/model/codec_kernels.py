@@ -48,12 +48,15 @@ def _pointwise(source_ptr, context_ptr, bias_ptr, alpha_ptr, residual_ptr, out_p
 def _launch(source: Tensor, *, context: Tensor | None = None, bias: Tensor | None = None,
             alpha: Tensor | None = None, eps: float = 0.0, residual: Tensor | None = None) -> Tensor:
     batch, channels, length = source.shape
-    source = source.contiguous()
+    source = source.contiguous()  # and alpha, bias: one value per channel, read at channel offsets
+    alpha = None if alpha is None else alpha.reshape(channels).contiguous()
+    bias = None if bias is None else bias.reshape(channels).contiguous()
     context_length = 0 if context is None else context.shape[-1]
     out = torch.empty(batch, channels, context_length + length, device=source.device, dtype=source.dtype)
     if context is not None:
         context = context.to(source.dtype).contiguous()
     if residual is not None:
+        torch._check(residual.shape == source.shape, lambda: "residual and source shapes differ")
         residual = residual.contiguous()
     grid = (batch * channels, triton.cdiv(context_length + length, BLOCK))
     _pointwise[grid](source, context if context is not None else source, bias if bias is not None else source,

@@ -163,8 +163,10 @@ class _FusedResidual(_Streamer):
 
     def __init__(self, m: ResidualUnit, batch: int):
         first_snake, dilated, second_snake, pointwise = m.block
-        if dilated.stride != 1 or pointwise.left_pad or _weight(pointwise.conv).shape[-1] != 1:
-            raise TypeError("a fused residual unit expects a stride-1 causal conv, then a 1x1 conv")
+        convs = (dilated.conv, pointwise.conv)
+        if (dilated.stride != 1 or pointwise.left_pad or _weight(pointwise.conv).shape[-1] != 1
+                or any(isinstance(c, nn.Conv1d) and (c.padding != (0,) or c.groups != 1) for c in convs)):
+            raise TypeError("a fused residual unit expects an unpadded stride-1 causal conv, then a 1x1 conv")
         self.m = m
         self.context = _state(batch, _weight(dilated.conv).shape[1], dilated.left_pad, m)
 

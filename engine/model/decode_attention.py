@@ -7,7 +7,8 @@ H100 (docs/PERFORMANCE.md). Here each row reads only its live keys (0..length-1)
 
 Split-KV ("flash decoding"): program (row, kv head, split) attends the group of query heads that
 share the kv head over one split of SPLIT_KEYS keys and writes its normalised partial output and
-log-sum-exp; a second kernel merges the splits. Splits past a row's length exit at once. The
+log-sum-exp; a second kernel merges the splits. A split past a row's length reads no keys and
+weighs nothing in the merge. The
 number of splits depends on the bucket (and on a batch of one row, whose graph is compiled apart),
 so one compiled graph serves every batch size above one.
 
@@ -28,11 +29,11 @@ from torch.library import triton_op, wrap_triton
 # batch 16-64 (2.6 TB/s), 64 at batch 1, where 256 would leave most SMs idle.
 SPLIT_KEYS, ONE_ROW_SPLIT_KEYS, BLOCK_KEYS = 256, 64, 64
 NUM_WARPS, NUM_STAGES = 4, 2
-MIN_DOT_ROWS = 16  # tl.dot needs 16 rows: the query group (2 heads for S1-mini) is padded to it
+MIN_DOT = 16  # tl.dot's smallest dimension: the query group (2 heads for S1-mini) is padded to it
 
 
 @triton.jit
-def _attend_split(q_ptr, k_ptr, v_ptr, lengths_ptr, partial_ptr, lse_ptr,
+def _attend_split(q_ptr, k_ptr, v_ptr, lengths_ptr, partial_ptr, lse_ptr, n_keys,
                   q_stride_b, q_stride_h, q_stride_g,
                   k_stride_b, k_stride_h, k_stride_l,
                   v_stride_b, v_stride_h, v_stride_l,
@@ -40,7 +41,7 @@ def _attend_split(q_ptr, k_ptr, v_ptr, lengths_ptr, partial_ptr, lse_ptr,
                   split_keys: tl.constexpr, block_keys: tl.constexpr, ieee: tl.constexpr):
     b, h, split = tl.program_id(0).to(tl.int64), tl.program_id(1), tl.program_id(2)
     start = split * split_keys
-    end = tl.minimum(start + split_keys, tl.load(lengths_ptr + b))  # no keys when start >= end
+    end = tl.minimum(start + split_keys, tl.minimum(tl.load(lengths_ptr + b), n_keys))  # none when start >= end
     g = tl.arange(0, rows)
     d = tl.arange(0, head_dim)
     q = tl.load(q_ptr + b * q_stride_b + h * q_stride_h + g[:, None] * q_stride_g + d[None, :],
@@ -100,28 +101,29 @@ def _merge_splits(partial_ptr, lse_ptr, out_ptr, splits, group: tl.constexpr, he
 def supports(q: Tensor) -> bool:
     """Whether the kernel takes q (B, H_kv, G, D): on CUDA, D a power of two that tl.dot accepts."""
     head_dim = q.shape[-1]
-    return q.is_cuda and head_dim >= MIN_DOT_ROWS and head_dim & (head_dim - 1) == 0
+    return q.is_cuda and head_dim >= MIN_DOT and head_dim & (head_dim - 1) == 0
 
 
 @triton_op("s1mini::decode_attention", mutates_args={})
 def decode_attention(q: Tensor, keys: Tensor, values: Tensor, lengths: Tensor) -> Tensor:
     """q (B, H_kv, G, D): the G query heads sharing each kv head; keys, values (B, H_kv, L, D) with
-    unit stride on D; lengths (B,) int, 1 <= lengths <= L: row b attends keys 0..lengths[b]-1.
+    unit stride on D; lengths (B,) int >= 1: row b attends keys 0..min(lengths[b], L)-1.
     Returns (B, H_kv, G, D) in q's dtype; scores, softmax and sums in fp32."""
     batch, kv_heads = q.shape[:2]
     group, head_dim = int(q.shape[2]), int(q.shape[3])  # compile-time constants of the kernels
     split_keys = ONE_ROW_SPLIT_KEYS if statically_known_true(batch == 1) else SPLIT_KEYS
     splits = triton.cdiv(keys.shape[2], split_keys)
-    q = q.contiguous()
+    torch._check(keys.stride(3) == 1 and values.stride(3) == 1, lambda: "keys and values need unit stride on D")
+    q, lengths = q.contiguous(), lengths.contiguous()
     partial = torch.empty((batch, kv_heads, splits, group, head_dim), device=q.device, dtype=torch.float32)
     lse = torch.empty((batch, kv_heads, splits, group), device=q.device, dtype=torch.float32)
     log2e = 1.4426950408889634
     wrap_triton(_attend_split)[(batch, kv_heads, splits)](
-        q, keys, values, lengths, partial, lse,
+        q, keys, values, lengths, partial, lse, keys.shape[2],
         q.stride(0), q.stride(1), q.stride(2),
         keys.stride(0), keys.stride(1), keys.stride(2),
         values.stride(0), values.stride(1), values.stride(2),
-        scale_log2=head_dim ** -0.5 * log2e, group=group, rows=max(MIN_DOT_ROWS, triton.next_power_of_2(group)),
+        scale_log2=head_dim ** -0.5 * log2e, group=group, rows=max(MIN_DOT, triton.next_power_of_2(group)),
         head_dim=head_dim, split_keys=split_keys, block_keys=BLOCK_KEYS, ieee=q.dtype == torch.float32,
         num_warps=NUM_WARPS, num_stages=NUM_STAGES)
     out = torch.empty_like(q)

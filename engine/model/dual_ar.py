@@ -21,12 +21,10 @@ from torch import Tensor, nn
 
 from ..errors import CheckpointError
 
-try:  # the compiled decode step's attention kernel; without Triton the step writes attention in PyTorch ops
+try:  # the compiled decode step's attention kernel
     from . import decode_attention as attention_kernel
-except ModuleNotFoundError as missing:
-    if missing.name != "triton":
-        raise
-    attention_kernel = None
+except ImportError:  # no Triton (or a broken one, as engine.compilation treats it; or torch < 2.6, no triton_op):
+    attention_kernel = None  # the step writes attention in PyTorch ops
 
 # Keys of the released config.json that change the architecture we build.
 _REQUIRED_KEYS = (
