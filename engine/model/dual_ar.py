@@ -213,10 +213,9 @@ class Attention(nn.Module):
         mask = kv.mask
         if mask is not None:
             mask = mask.expand(bsz, group, seqlen, kv_len).reshape(bsz, 1, group * seqlen, kv_len)
-        if seqlen == 1 and torch.compiler.is_compiling() and attention_kernel is not None \
-                and attention_kernel.supports(q):
-            # Each row reads its own live keys (positions 0..p): in the slow layers, instead of the
-            # whole bucket; in the fast ones (all keys live), in two kernels instead of three.
+        if seqlen == 1 and mask is not None and torch.compiler.is_compiling() \
+                and attention_kernel is not None and attention_kernel.supports(q):
+            # Each row reads its own live keys (positions 0..p) instead of the whole bucket.
             out = attention_kernel.decode_attention(q, keys, values, kv.positions[:, 0] + 1)
         elif seqlen == 1 and torch.compiler.is_compiling():
             out = one_query_attention(q, keys, values, mask)
