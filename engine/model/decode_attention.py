@@ -8,12 +8,12 @@ H100 (docs/PERFORMANCE.md). Here each row reads only its live keys (0..length-1)
 Split-KV ("flash decoding"): program (row, kv head, split) attends the group of query heads that
 share the kv head over one split of SPLIT_KEYS keys and writes its normalised partial output and
 log-sum-exp; a second kernel merges the splits. A split past a row's length reads no keys and
-weighs nothing in the merge. The
-number of splits depends on the bucket (and on a batch of one row, whose graph is compiled apart),
-so one compiled graph serves every batch size above one.
+weighs nothing in the merge. The number of splits depends on the bucket (and on a batch of one
+row, whose graph is compiled apart), so one compiled graph serves every batch size above one.
 
 Registered as a torch.library.triton_op so that Inductor compiles it into the step's graph (and
-CUDA graphs capture it). Importing this module needs Triton.
+CUDA graphs capture it). The compiled step's slow layers use it; the fast layers attend at most 10
+keys, where it saved nothing (docs/PERFORMANCE.md). Importing this module needs Triton and torch >= 2.6.
 """
 
 from __future__ import annotations
