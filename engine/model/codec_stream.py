@@ -168,20 +168,23 @@ class _FusedResidual(_Streamer):
                 or any(isinstance(c, nn.Conv1d) and (c.padding != (0,) or c.groups != 1) for c in convs)):
             raise TypeError("a fused residual unit expects an unpadded stride-1 causal conv, then a 1x1 conv")
         self.m = m
-        self.context = _state(batch, _weight(dilated.conv).shape[1], dilated.left_pad, m)
+        self.dilated = _Conv(dilated, batch)  # keeps the dilated conv's left context
 
     def step(self, x: Tensor, rows: Rows | None) -> Tensor:
         first_snake, dilated, second_snake, pointwise = self.m.block
         ops = self.m.pointwise
-        full = ops.context_snake(_read(self.context, rows), x, first_snake.alpha, first_snake.eps)
-        _write(self.context, rows, full[..., full.shape[-1] - self.context.shape[-1]:])
+        full = self.dilated.with_context(
+            x, rows, lambda context, new: ops.context_snake(context, new, first_snake.alpha, first_snake.eps))
         y = _convolve_unbiased(dilated.conv, full)
         y = ops.biased_snake(y, dilated.conv.bias, second_snake.alpha, second_snake.eps)
         y = torch.matmul(_weight(pointwise.conv).to(y.dtype)[..., 0], y)
         return ops.biased_residual(x, y, pointwise.conv.bias)
 
     def reset(self, rows: Rows | None) -> None:
-        _zero(self.context, rows)
+        self.dilated.reset(rows)
+
+    def children(self) -> list[_Streamer]:
+        return [self.dilated]
 
 
 def _weight(conv: nn.Module) -> Tensor:
@@ -225,9 +228,15 @@ class _Conv(_Streamer):
             raise ValueError(f"a stride-{stride} conv streams whole strides only, got {x.shape[-1]} steps")
         if self.buf.shape[-1] == 0:
             return self.m.conv(x)
-        full = torch.cat([_read(self.buf, rows).to(x.dtype), x], -1)
+        return self.m.conv(self.with_context(x, rows))
+
+    def with_context(self, x: Tensor, rows: Rows | None, join=None) -> Tensor:
+        """The left context, then x (join(context, x) when given, e.g. with x's Snake on the way);
+        its last k_eff - stride steps are kept as the next call's context."""
+        context = _read(self.buf, rows)
+        full = join(context, x) if join is not None else torch.cat([context.to(x.dtype), x], -1)
         _write(self.buf, rows, full[..., full.shape[-1] - self.buf.shape[-1]:])
-        return self.m.conv(full)
+        return full
 
     def reset(self, rows: Rows | None) -> None:
         _zero(self.buf, rows)
