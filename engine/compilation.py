@@ -53,6 +53,7 @@ class CompilePolicy:
     mode: str = "default"  # torch.compile mode: default | max-autotune (graphs are ours, so never theirs)
     int8_weights: bool = False  # the transformer runs torchao int8 weights (--quantize int8)
     pdl: bool = True  # programmatic dependent launch between Triton kernels (Hopper and newer); see decide()
+    fused_projections: bool = True  # the decode step's projections as fused_linear kernels (Block.use_fused_projections)
 
     @property
     def inductor_options(self) -> dict:
@@ -134,7 +135,9 @@ def decide(mode: str, device: torch.device, env: Environment | None = None,
         return CompilePolicy(False, True, f"no Triton on {env.os}: eager step in CUDA graphs")
     # Inductor's own switch turns PDL off here too (our backend would otherwise set it over the user's choice).
     pdl = os.environ.get("TORCHINDUCTOR_ENABLE_PDL", "1") != "0"
-    return CompilePolicy(True, True, f"CUDA with Triton {env.triton} on {env.os}", compile_mode, quantize == "int8", pdl)
+    fused = os.environ.get("S1_MINI_FUSED_PROJECTIONS", "1") != "0"  # 0: for comparisons (scripts/profile_step.py)
+    return CompilePolicy(True, True, f"CUDA with Triton {env.triton} on {env.os}", compile_mode, quantize == "int8",
+                         pdl, fused)
 
 
 def _inductor_default_cache_dir() -> str | None:

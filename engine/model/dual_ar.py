@@ -25,6 +25,10 @@ try:  # the compiled decode step's attention kernel
     from . import decode_attention as attention_kernel
 except ImportError:  # no Triton (or a broken one, as engine.compilation treats it; or torch < 2.6, no triton_op):
     attention_kernel = None  # the step writes attention in PyTorch ops
+try:  # the compiled decode step's projections, each fused with its norm, gate or residual
+    from . import fused_linear as projection_kernel
+except ImportError:  # as above: the step keeps Inductor's (or cuBLAS's) matmuls
+    projection_kernel = None
 
 # Keys of the released config.json that change the architecture we build.
 _REQUIRED_KEYS = (
@@ -189,9 +193,13 @@ class Attention(nn.Module):
             self.q_norm = self.k_norm = None
 
     def forward(self, x: Tensor, rope: Tensor, kv: KVView) -> Tensor:
-        bsz, seqlen, _ = x.shape
+        return self.wo(self.attend(self.wqkv(x), rope, kv))
+
+    def attend(self, qkv: Tensor, rope: Tensor, kv: KVView) -> Tensor:
+        """qkv (B, S, (H + 2 H_kv) D) projected inputs -> (B, S, H D) attended values, before wo."""
+        bsz, seqlen, _ = qkv.shape
         q_size, kv_size = self.n_head * self.head_dim, self.n_kv_heads * self.head_dim
-        q, k, v = self.wqkv(x).split([q_size, kv_size, kv_size], dim=-1)
+        q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
         q = q.view(bsz, seqlen, self.n_head, self.head_dim)
         k = k.view(bsz, seqlen, self.n_kv_heads, self.head_dim)
         v = v.view(bsz, seqlen, self.n_kv_heads, self.head_dim)
@@ -200,7 +208,7 @@ class Attention(nn.Module):
         q, k = apply_rope(q, rope), apply_rope(k, rope)
 
         # Advanced indices on dims 0 and 2 put (B, S) first: the value is (B, S, H_kv, D).
-        batch_rows = torch.arange(bsz, device=x.device)[:, None]
+        batch_rows = torch.arange(bsz, device=qkv.device)[:, None]
         kv.k[batch_rows, :, kv.positions] = k
         kv.v[batch_rows, :, kv.positions] = v
         kv_len = kv.key_positions.shape[0]
@@ -222,7 +230,7 @@ class Attention(nn.Module):
         else:
             out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
         out = out.reshape(bsz, self.n_head, seqlen, self.head_dim).transpose(1, 2)
-        return self.wo(out.reshape(bsz, seqlen, q_size))
+        return out.reshape(bsz, seqlen, q_size)
 
 
 class FeedForward(nn.Module):
@@ -267,10 +275,36 @@ class Block(nn.Module):
         # Registration order matches the released state dict.
         self.ffn_norm = RMSNorm(dim, eps)
         self.attention_norm = RMSNorm(dim, eps)
+        self.fused_projections = False  # set by use_fused_projections()
+
+    def use_fused_projections(self) -> bool:
+        """Let the compiled batch-1 decode step (one row, one position) run this block's four
+        projections as fused_linear kernels, if Triton is there and the weights are plain tensors without biases
+        (quantized ones keep their own kernels). Returns whether it will."""
+        a, f = self.attention, self.feed_forward
+        weights = (a.wqkv.weight, a.wo.weight, f.w13, f.w2.weight)
+        self.fused_projections = (
+            projection_kernel is not None and a.wqkv.bias is None and a.wo.bias is None
+            and all(type(w) in (Tensor, nn.Parameter) for w in weights)  # (f.w13: None when not fused)
+            and len({w.dtype for w in weights}) == 1)
+        return self.fused_projections
 
     def forward(self, x: Tensor, rope: Tensor, kv: KVView) -> Tensor:
+        if self.fused_projections and x.shape[0] == x.shape[1] == 1 and x.is_cuda and torch.compiler.is_compiling():
+            return self._decode_fused(x, rope, kv)
         h = x + self.attention(self.attention_norm(x), rope, kv)
         return h + self.feed_forward(self.ffn_norm(h))
+
+    def _decode_fused(self, x: Tensor, rope: Tensor, kv: KVView) -> Tensor:
+        """forward() in four fused_linear kernels plus attention: the norms go into the
+        projections after them, the residual adds and the SiLU gate into the ones before."""
+        a, f, linear = self.attention, self.feed_forward, projection_kernel.fused_linear
+        row = x.reshape(1, x.shape[-1])
+        qkv = linear(row, a.wqkv.weight, self.attention_norm.weight, None, self.attention_norm.eps, False)
+        attended = a.attend(qkv.view(1, 1, -1), rope, kv)
+        h = linear(attended.reshape(1, -1), a.wo.weight, None, row, 0.0, False)
+        gated = linear(h, f.w13, self.ffn_norm.weight, None, self.ffn_norm.eps, True)
+        return linear(gated, f.w2.weight, None, h, 0.0, False).view_as(x)
 
 
 def call_block(layer: Block, x: Tensor, rope: Tensor, kv: KVView) -> Tensor:
@@ -321,6 +355,10 @@ class DualARTransformer(nn.Module):
         for layer in [*self.layers, *self.fast_layers]:
             layer.feed_forward.fuse_gate_up(as_linear)
         return self
+
+    def use_fused_projections(self) -> bool:
+        """See Block.use_fused_projections; True if every block will."""
+        return all([layer.use_fused_projections() for layer in [*self.layers, *self.fast_layers]])
 
     def reset_buffers(self, device: torch.device | str | None = None) -> None:
         """Build the tensors that are not in model.pth (after a meta-device load, on the real device)."""

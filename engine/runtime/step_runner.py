@@ -145,6 +145,10 @@ class StepRunner:
                 return _leading_dims_generic(torch.compile(fn, fullgraph=True, backend=backend))
 
             ops = StepOps(compiled(_slow_block), compiled(_fast_block), compiled(sample))
+            if self.policy.fused_projections:
+                fused = self.model.use_fused_projections()
+                logger.info("decode projections: {}", "fused Triton kernels" if fused else "compiled matmuls "
+                            "(fused kernels need Triton and plain, unquantized weights)")
             # Prefill lengths vary: no max-autotune (autotuning every length would take minutes),
             # length-generic from its first call (one compile instead of a static one, then another).
             prefill_backend = dataclasses.replace(self.policy, mode="default").inductor_backend()

@@ -1,0 +1,106 @@
+"""The batch-1 decode step's projections as one Triton kernel each, with their neighbours folded in.
+
+A batch-1 frame is ~1,000 dependent kernels (docs/PERFORMANCE.md). Compiled by Inductor, each
+projection of a transformer block was a reduction kernel reading its weights at ~0.8-1.6 TB/s on an
+H100, with the RMSNorm before it, the SiLU gate and the residual add after it partly in kernels of
+their own. Here one kernel does, for the step's one row:
+
+    out = [residual +] [silu(gate) *] (RMSNorm(x) | x) @ W^T
+
+RMSNorm: each program recomputes the row's norm over K (a few KB, from L2), then scales the inputs
+as it streams them, rounding where `dual_ar.RMSNorm` rounds. Gated: W holds the gate rows above the
+up rows (FeedForward.w13); a program multiplies both halves for its columns and writes
+silu(gate) * up, rounded like the eager `F.silu(w1(x)) * w3(x)`. Products are summed in fp32, so the
+results equal the plain path up to the order of the sums.
+
+Few columns per program and whole rows of W per iteration keep many loads in flight: timed from
+memory (scripts/bench_fused_linear.py), the slow block's four projections take ~20 us against ~33
+us compiled from the plain ops. Batched rows keep cuBLAS, which was faster there.
+
+Registered as a torch.library.triton_op, so Inductor compiles it into the step's graph and CUDA
+graphs capture it. Importing this module needs Triton and torch >= 2.6.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+from torch.library import triton_op, wrap_triton
+
+
+@dataclass(frozen=True)
+class Launch:
+    """Columns per program, K per iteration, warps, pipeline stages. The default was the fastest or
+    within 2% of it for every S1-mini projection on an H100 (docs/PERFORMANCE.md)."""
+
+    block_n: int = 4
+    block_k: int = 1024
+    num_warps: int = 8
+    num_stages: int = 1
+
+
+@triton.jit
+def _fused_linear(x_ptr, w_ptr, norm_ptr, residual_ptr, out_ptr, eps,
+                  K: tl.constexpr, N: tl.constexpr, has_norm: tl.constexpr, gated: tl.constexpr,
+                  has_residual: tl.constexpr, block_n: tl.constexpr, block_k: tl.constexpr):
+    n = tl.program_id(0) * block_n + tl.arange(0, block_n)
+    k = tl.arange(0, block_k)
+    live_n = n < N
+    dtype = x_ptr.dtype.element_ty
+    if has_norm:
+        squares = tl.zeros([block_k], tl.float32)
+        for k0 in range(0, K, block_k):
+            xk = tl.load(x_ptr + k0 + k, mask=k0 + k < K, other=0.0).to(tl.float32)
+            squares += xk * xk
+        inv_rms = tl.rsqrt(tl.sum(squares, 0) / K + eps)
+    w_rows = w_ptr + n[:, None] * K
+    products = tl.zeros([block_n, block_k], tl.float32)
+    up_products = tl.zeros([block_n, block_k], tl.float32)
+    for k0 in range(0, K, block_k):
+        live_k = k0 + k < K
+        xk = tl.load(x_ptr + k0 + k, mask=live_k, other=0.0)
+        if has_norm:  # RMSNorm: normalised in fp32, rounded, then scaled by the weight and rounded
+            scale = tl.load(norm_ptr + k0 + k, mask=live_k, other=0.0).to(tl.float32)
+            xk = ((xk.to(tl.float32) * inv_rms).to(dtype).to(tl.float32) * scale).to(dtype)
+        xf = xk.to(tl.float32)[None, :]
+        live = live_n[:, None] & live_k[None, :]
+        products += tl.load(w_rows + k0 + k[None, :], mask=live, other=0.0).to(tl.float32) * xf
+        if gated:
+            up_products += tl.load(w_rows + N * K + k0 + k[None, :], mask=live, other=0.0).to(tl.float32) * xf
+    out = tl.sum(products, 1).to(dtype)
+    if gated:  # silu(gate) * up, each rounded as the eager ops round
+        gate = out.to(tl.float32)
+        up = tl.sum(up_products, 1).to(dtype).to(tl.float32)
+        out = ((gate * tl.sigmoid(gate)).to(dtype).to(tl.float32) * up).to(dtype)
+    if has_residual:
+        out = (tl.load(residual_ptr + n, mask=live_n, other=0.0).to(tl.float32) + out.to(tl.float32)).to(dtype)
+    tl.store(out_ptr + n, out, mask=live_n)
+
+
+def launch(kernel, x: Tensor, weight: Tensor, norm_weight: Tensor | None, residual: Tensor | None,
+           eps: float, gated: bool, settings: Launch = Launch()) -> Tensor:
+    """Run `kernel` (_fused_linear, or it wrapped for Inductor) on the operands; see fused_linear."""
+    torch._check(x.shape[0] == 1, lambda: "fused_linear takes one row")
+    depth = x.shape[1]
+    columns = weight.shape[0] // 2 if gated else weight.shape[0]
+    x, weight = x.contiguous(), weight.contiguous()
+    out = torch.empty((1, columns), device=x.device, dtype=x.dtype)
+    kernel[(triton.cdiv(columns, settings.block_n),)](
+        x, weight, x if norm_weight is None else norm_weight, x if residual is None else residual.contiguous(),
+        out, eps, K=depth, N=columns, has_norm=norm_weight is not None, gated=gated,
+        has_residual=residual is not None, block_n=settings.block_n,
+        block_k=min(settings.block_k, triton.next_power_of_2(depth)),
+        num_warps=settings.num_warps, num_stages=settings.num_stages)
+    return out
+
+
+@triton_op("s1mini::fused_linear", mutates_args={})
+def fused_linear(x: Tensor, weight: Tensor, norm_weight: Tensor | None, residual: Tensor | None,
+                 eps: float, gated: bool) -> Tensor:
+    """x (1, K); weight (N, K), or (2N, K) gate rows then up rows when gated; norm_weight (K,) or
+    None; residual (1, N) or None. Returns (1, N) in x's dtype; see the module docstring."""
+    return launch(wrap_triton(_fused_linear), x, weight, norm_weight, residual, eps, gated)

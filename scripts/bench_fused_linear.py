@@ -1,0 +1,130 @@
+#!/usr/bin/env python
+"""Time the decode step's fused projections (engine/model/fused_linear.py) against Inductor's.
+
+    python scripts/bench_fused_linear.py [--json out.json]
+
+For each projection of an S1-mini block (full-size shapes, bf16, random values, one row as in the
+batch-1 decode step): the same work compiled by Inductor from the plain ops (RMSNorm, F.linear, SiLU
+gate, residual add, as the compiled step had them) and the fused Triton kernel in a sweep of launch
+settings. Each is captured 28 times in a CUDA graph, like a step's layers, each call with its own
+weights (read from memory, not L2), and timed per call. Prints the plain time, the kernel's time in its default settings and the fastest
+settings, with the largest difference from the eager ops. Needs CUDA and Triton.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+import triton
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from engine.model import fused_linear as kernel  # noqa: E402
+from engine.model.dual_ar import RMSNorm  # noqa: E402
+
+# name: (K, N, RMSNorm before, gated, residual after)
+SHAPES = {
+    "slow_qkv": (1024, 4096, True, False, False),
+    "slow_wo": (2048, 1024, False, False, True),
+    "fast_qkv": (1024, 2048, True, False, False),
+    "fast_wo": (1024, 1024, False, False, True),
+    "w13_gated": (1024, 3072, True, True, False),
+    "w2": (3072, 1024, False, False, True),
+}
+SETTINGS = [kernel.Launch(*s) for s in itertools.product((4, 8, 16), (256, 512, 1024), (4, 8), (1, 3))]
+CALLS = 28
+
+
+def plain(x, weight, norm_weight, residual, eps, gated):
+    if norm_weight is not None:
+        xf = x.float()
+        x = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).type_as(x) * norm_weight
+    y = F.linear(x, weight)
+    if gated:
+        gate, up = y.chunk(2, dim=-1)
+        y = F.silu(gate) * up
+    return y if residual is None else residual + y
+
+
+def microseconds_per_call(call, replays: int = 50) -> float:
+    """call(i) runs layer i's projection."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for i in range(3):
+            call(i)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for i in range(CALLS):
+            call(i)
+    graph.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(replays):
+        graph.replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) * 1000 / replays / CALLS
+
+
+def operands(rows: int, depth: int, columns: int, norm: bool, gated: bool, residual: bool):
+    """Inputs, a weight matrix per layer (CALLS of them: together larger than the L2 cache, so each
+    call reads its weights from memory, as a step does), norm weights, residual, eps, gated."""
+    gen = torch.Generator(device="cuda").manual_seed(0)
+
+    def randn(*shape, scale=1.0):
+        return (torch.randn(*shape, device="cuda", generator=gen) * scale).bfloat16()
+
+    weights = [randn((2 if gated else 1) * columns, depth, scale=depth ** -0.5) for _ in range(CALLS)]
+    return (randn(rows, depth), weights, (1 + randn(depth, scale=0.1)) if norm else None,
+            randn(rows, columns) if residual else None, 1e-6, gated)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--json")
+    args = p.parse_args(argv)
+    compiled_plain = torch.compile(plain)
+    report = []
+    for name, (depth, columns, norm, gated, residual) in SHAPES.items():
+        x, weights, *rest = operands(1, depth, columns, norm, gated, residual)
+
+        def layer(i):
+            return (x, weights[i], *rest)
+
+        torch._dynamo.reset()  # each shape its own specialised graph, as in the step
+        plain_us = microseconds_per_call(lambda i: compiled_plain(*layer(i)))
+        expected = plain(*layer(0)).float()
+        timed = []
+        for setting in SETTINGS:
+            try:
+                diff = (kernel.launch(kernel._fused_linear, *layer(0), settings=setting).float() - expected).abs().max()
+            except triton.runtime.errors.OutOfResources:  # too much shared memory for this setting
+                continue
+            us = microseconds_per_call(lambda i: kernel.launch(kernel._fused_linear, *layer(i), settings=setting))
+            timed.append((us, setting, float(diff)))
+        default_us = microseconds_per_call(lambda i: kernel.launch(kernel._fused_linear, *layer(i)))
+        best_us, best, diff = min(timed, key=lambda t: t[0])
+        weight_bytes = weights[0].numel() * 2
+        entry = {"shape": name, "plain_us": round(plain_us, 2), "default_us": round(default_us, 2),
+                 "best_us": round(best_us, 2), "best": best.__dict__, "max_abs_diff": diff,
+                 "best_weight_tb_s": round(weight_bytes / best_us / 1e6, 2),
+                 "settings": [[round(us, 2), s.__dict__] for us, s, _ in sorted(timed, key=lambda t: t[0])[:5]]}
+        report.append(entry)
+        print(f"{name:10s} plain {plain_us:6.2f} us  fused default {default_us:6.2f}  "
+              f"best {best_us:6.2f} ({best.block_n}x{best.block_k} w{best.num_warps} s{best.num_stages}, "
+              f"{entry['best_weight_tb_s']} TB/s)  max diff {diff:.2e}", flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+                                               "cases": report}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

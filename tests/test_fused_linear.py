@@ -1,0 +1,110 @@
+"""The decode step's fused projection kernel against the plain ops (CUDA with Triton only)."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from engine.model.dual_ar import Block, KVView, RMSNorm, rope_table
+
+pytestmark = pytest.mark.gpu
+if not torch.cuda.is_available():
+    pytest.skip("needs CUDA", allow_module_level=True)
+fused = pytest.importorskip("engine.model.fused_linear", reason="needs Triton")
+
+
+def plain(x, weight, norm_weight, residual, eps, gated):
+    """What Block.forward computes around one projection, in the eager ops."""
+    if norm_weight is not None:
+        norm = RMSNorm(x.shape[-1], eps).to(x.device, x.dtype)
+        norm.weight.data.copy_(norm_weight)
+        x = norm(x)
+    y = F.linear(x, weight)
+    if gated:
+        gate, up = y.chunk(2, dim=-1)
+        y = F.silu(gate) * up
+    return y if residual is None else residual + y
+
+
+def operands(rows, depth, columns, norm, gated, residual, dtype, seed=0):
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+
+    def randn(*shape, scale=1.0):
+        return (torch.randn(*shape, device="cuda", generator=gen) * scale).to(dtype)
+
+    return (randn(rows, depth), randn((2 if gated else 1) * columns, depth, scale=depth ** -0.5),
+            (1 + randn(depth, scale=0.1)) if norm else None, randn(rows, columns) if residual else None, 1e-6, gated)
+
+
+# S1-mini's projections (qkv with its norm, wo with the residual, the gated FFN, the down projection)
+# and the demo model's odd sizes, which are not multiples of any block.
+SHAPES = [(1024, 4096, True, False, False), (2048, 1024, False, False, True), (1024, 3072, True, True, False),
+          (3072, 1024, False, False, True), (24, 128, True, False, False), (64, 24, False, False, True),
+          (24, 48, True, True, False)]
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_fp32_equals_the_plain_ops(shape):
+    ops = operands(1, *shape, torch.float32)
+    torch.testing.assert_close(fused.fused_linear(*ops), plain(*ops), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("shape", SHAPES[:4])
+def test_bf16_is_as_close_to_fp32_as_the_plain_bf16_ops(shape):
+    ops = operands(1, *shape, torch.bfloat16)
+    as_fp32 = [t.float() if isinstance(t, torch.Tensor) else t for t in ops]
+    reference = plain(*as_fp32)
+    kernel_error = (fused.fused_linear(*ops).float() - reference).abs().max()
+    plain_error = (plain(*ops).float() - reference).abs().max()
+    assert kernel_error <= 1.5 * plain_error + 1e-3
+
+
+def full_size_block(dtype):
+    torch.manual_seed(0)
+    block = Block(1024, 16, 8, 128, 3072, 1e-6, True, False, False).to("cuda", dtype)
+    for name, param in block.named_parameters():
+        param.data = (torch.randn_like(param) * (0.02 if "weight" in name and param.dim() == 2 else 0.1)
+                      + (1.0 if "norm" in name else 0.0))
+    block.feed_forward.fuse_gate_up()
+    return block
+
+
+@torch.inference_mode()
+def test_a_compiled_block_with_fused_projections_in_a_cuda_graph_equals_the_eager_block(monkeypatch):
+    """The path Block takes in the compiled batch-1 decode step (one row, one position, in a CUDA
+    graph): fp32, equal to the eager block, KV writes included."""
+    import types
+
+    from engine.model import dual_ar
+
+    traced = []
+    monkeypatch.setattr(dual_ar, "projection_kernel", types.SimpleNamespace(
+        fused_linear=lambda *args: traced.append(args) or fused.fused_linear(*args)))
+    block = full_size_block(torch.float32)
+    assert block.use_fused_projections()
+    batch, capacity, position = 1, 64, 17
+    x = torch.randn(batch, 1, 1024, device="cuda")
+    positions = torch.full((batch, 1), position, device="cuda")
+    rope = rope_table(capacity, 128, 1e6).cuda()[positions]
+    mask = torch.ones(batch, 1, 1, position + 1, dtype=torch.bool, device="cuda")
+    cache = torch.randn(2, batch, 8, capacity, 128, device="cuda")
+
+    def run(fn, kv_cache):
+        return fn(x, rope, KVView(kv_cache[0], kv_cache[1], positions, torch.arange(position + 1, device="cuda"), mask))
+
+    eager_cache, graph_cache = cache.clone(), cache.clone()
+    expected = run(block, eager_cache)
+    compiled = torch.compile(block, fullgraph=True)
+    run(compiled, cache.clone())  # compiles
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = run(compiled, graph_cache)
+    graph.replay()
+    assert len(traced) == 4  # the compiled block went through the four fused projections
+    torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(graph_cache, eager_cache, rtol=1e-4, atol=1e-4)
+
+
+def test_quantized_or_biased_weights_keep_the_plain_projections():
+    block = full_size_block(torch.bfloat16)
+    block.feed_forward.fuse_gate_up(as_linear=True)  # the layout int8 quantization uses
+    assert not block.use_fused_projections()
