@@ -311,6 +311,22 @@ def call_block(layer: Block, x: Tensor, rope: Tensor, kv: KVView) -> Tensor:
     return layer(x, rope, kv)
 
 
+def norm_then_linear(norm: RMSNorm, weight: Tensor, x: Tensor) -> Tensor:
+    """An output head: logits = norm(x) @ weight^T."""
+    return F.linear(norm(x), weight)
+
+
+def fused_norm_then_linear(norm: RMSNorm, weight: Tensor, x: Tensor) -> Tensor:
+    """norm_then_linear as one fused_linear kernel for a lone row (the batch-1 step's heads run
+    between its compiled regions, where the norm alone was seven eager kernels); other inputs
+    take the plain ops."""
+    if projection_kernel is None or x.numel() != x.shape[-1] or not x.is_cuda \
+            or type(weight) not in (Tensor, nn.Parameter) or weight.dtype != x.dtype:
+        return norm_then_linear(norm, weight, x)
+    logits = projection_kernel.fused_linear(x.reshape(1, -1), weight, norm.weight, None, norm.eps, False)
+    return logits.view(*x.shape[:-1], -1)
+
+
 @dataclass(frozen=True)
 class TokenLayout:
     """Where the semantic tokens sit in the vocabulary (from the tokenizer), and the code ranges."""
@@ -407,7 +423,7 @@ class DualARTransformer(nn.Module):
     # ---- fast transformer -------------------------------------------------------------------
 
     def forward_fast(self, x: Tensor, kv_views: list[KVView], n_logits: int | None = None,
-                     run_block=None) -> Tensor | None:
+                     run_block=None, run_head=norm_then_linear) -> Tensor | None:
         """One fast position for every row. x: (B, 1, fast_dim) -> logits (B, 1, n_logits).
 
         n_logits: the leading output columns wanted (None: all codebook_size; 0: none, the call only
@@ -419,4 +435,4 @@ class DualARTransformer(nn.Module):
             x = run_block(layer, x, rope, kv)
         if n_logits == 0:
             return None
-        return F.linear(self.fast_norm(x), self.fast_output.weight[:n_logits])
+        return run_head(self.fast_norm, self.fast_output.weight[:n_logits], x)

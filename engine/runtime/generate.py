@@ -12,10 +12,9 @@ from dataclasses import dataclass
 from typing import Callable, Iterator
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
-from ..model.dual_ar import DualARTransformer, call_block
+from ..model.dual_ar import DualARTransformer, call_block, norm_then_linear
 from .kv_cache import KVCache
 from .sampling import REPETITION_WINDOW, SamplingTensors, noise_counter, sample
 
@@ -61,7 +60,8 @@ class FullVocabHead:
         self.model = model
         self.first_padding_id = model.layout.semantic_end_id + 1
 
-    def logits(self, hidden: Tensor) -> Tensor:
+    def logits(self, hidden: Tensor, run_head=None) -> Tensor:
+        """run_head is ignored: this exact mode always runs the plain vocabulary-wide head."""
         logits = self.model.slow_logits(hidden)[:, -1]
         # Padding rows past the last semantic id are not tokens; never sample them.
         logits[:, self.first_padding_id:] = float("-inf")
@@ -93,8 +93,8 @@ class SemanticHead:
         self.ids = torch.cat([torch.arange(self.begin, self.begin + self.n_semantic, device=weight.device),
                               torch.tensor([self.im_end], device=weight.device)])
 
-    def logits(self, hidden: Tensor) -> Tensor:
-        return F.linear(self.model.norm(hidden[:, -1]), self.weight)
+    def logits(self, hidden: Tensor, run_head=norm_then_linear) -> Tensor:
+        return run_head(self.model.norm, self.weight, hidden[:, -1])
 
     def index_of(self, tokens: Tensor) -> tuple[Tensor, Tensor]:
         is_semantic = (tokens >= self.begin) & (tokens < self.begin + self.n_semantic)
@@ -114,6 +114,7 @@ class StepOps:
     slow_block: Callable = call_block
     fast_block: Callable = call_block
     sample: Callable = sample
+    head: Callable = norm_then_linear  # (norm, weight, x) -> logits: codebook 0's (SemanticHead) and the fast one's
 
 
 def sample_frame(model: DualARTransformer, head, hidden: Tensor, params: SamplingTensors, history: FrameHistory,
@@ -124,7 +125,7 @@ def sample_frame(model: DualARTransformer, head, hidden: Tensor, params: Samplin
     valid = history.valid()
 
     seen, known = head.index_of(history.ids[:, 0])
-    index = ops.sample(head.logits(hidden), params, seen, valid & known, noise_counter(history.generated, 0))
+    index = ops.sample(head.logits(hidden, ops.head), params, seen, valid & known, noise_counter(history.generated, 0))
     token = head.token_of(index)
     is_semantic = (token >= layout.semantic_begin_id) & (token <= layout.semantic_end_id)
     codes = [torch.where(is_semantic, token - layout.semantic_begin_id, torch.zeros_like(token))]
@@ -137,7 +138,7 @@ def sample_frame(model: DualARTransformer, head, hidden: Tensor, params: Samplin
         views = fast_cache.views(*fast_cache.codebook_positions(batch, k), all_visible=True)
         # Position 0 only fills the fast cache; codes 1..9 use the first residual_codebook_size logits.
         n_logits = 0 if k == 0 else layout.residual_codebook_size
-        fast_logits = model.forward_fast(x, views, n_logits, ops.fast_block)
+        fast_logits = model.forward_fast(x, views, n_logits, ops.fast_block, ops.head)
         if k > 0:
             codes.append(ops.sample(fast_logits[:, 0], params, history.ids[:, k], valid,
                                     noise_counter(history.generated, k)))

@@ -18,7 +18,7 @@ from torch import Tensor
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from ..compilation import CompilePolicy
-from ..model.dual_ar import DualARTransformer, KVView, call_block
+from ..model.dual_ar import DualARTransformer, KVView, call_block, fused_norm_then_linear
 from .cuda_graphs import capture
 from .decode_step import DecodeState, decode_step
 from .generate import FullVocabHead, SemanticHead, StepOps
@@ -147,6 +147,8 @@ class StepRunner:
             ops = StepOps(compiled(_slow_block), compiled(_fast_block), compiled(sample))
             if self.policy.fused_projections:
                 fused = self.model.use_fused_projections()
+                if fused:
+                    ops = dataclasses.replace(ops, head=fused_norm_then_linear)
                 logger.info("decode projections: {}", "fused Triton kernels" if fused else "compiled matmuls "
                             "(fused kernels need Triton and plain, unquantized weights)")
             # Prefill lengths vary: no max-autotune (autotuning every length would take minutes),
