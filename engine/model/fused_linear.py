@@ -44,8 +44,8 @@ class Launch:
 
 
 @triton.jit
-def _fused_linear(x_ptr, w_ptr, norm_ptr, residual_ptr, out_ptr, eps, K, N,  # sizes at run time: fewer compiles
-                  has_norm: tl.constexpr, gated: tl.constexpr,
+def _fused_linear(x_ptr, w_ptr, norm_ptr, residual_ptr, out_ptr, eps,
+                  K: tl.constexpr, N: tl.constexpr, has_norm: tl.constexpr, gated: tl.constexpr,
                   has_residual: tl.constexpr, block_n: tl.constexpr, block_k: tl.constexpr):
     n = tl.program_id(0) * block_n + tl.arange(0, block_n)
     k = tl.arange(0, block_k)
@@ -91,7 +91,7 @@ def launch(kernel, x: Tensor, weight: Tensor, norm_weight: Tensor | None, residu
     out = torch.empty((1, columns), device=x.device, dtype=x.dtype)
     kernel[(triton.cdiv(columns, settings.block_n),)](
         x, weight, x if norm_weight is None else norm_weight, x if residual is None else residual.contiguous(),
-        out, eps, depth, columns, has_norm=norm_weight is not None, gated=gated,
+        out, eps, K=depth, N=columns, has_norm=norm_weight is not None, gated=gated,
         has_residual=residual is not None, block_n=settings.block_n,
         block_k=min(settings.block_k, triton.next_power_of_2(depth)),
         num_warps=settings.num_warps, num_stages=settings.num_stages)
