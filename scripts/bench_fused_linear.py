@@ -25,7 +25,6 @@ import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from engine.model import fused_linear as kernel  # noqa: E402
-from engine.model.dual_ar import RMSNorm  # noqa: E402
 
 # name: (K, N, RMSNorm before, gated, residual after)
 SHAPES = {
@@ -95,7 +94,7 @@ def main(argv=None) -> int:
     for name, (depth, columns, norm, gated, residual) in SHAPES.items():
         x, weights, *rest = operands(1, depth, columns, norm, gated, residual)
 
-        def layer(i):
+        def layer(i, x=x, weights=weights, rest=rest):  # operands of layer i's projection
             return (x, weights[i], *rest)
 
         torch._dynamo.reset()  # each shape its own specialised graph, as in the step
@@ -107,7 +106,8 @@ def main(argv=None) -> int:
                 diff = (kernel.launch(kernel._fused_linear, *layer(0), settings=setting).float() - expected).abs().max()
             except triton.runtime.errors.OutOfResources:  # too much shared memory for this setting
                 continue
-            us = microseconds_per_call(lambda i: kernel.launch(kernel._fused_linear, *layer(i), settings=setting))
+            us = microseconds_per_call(lambda i, setting=setting: kernel.launch(kernel._fused_linear, *layer(i),
+                                                                                    settings=setting))
             timed.append((us, setting, float(diff)))
         default_us = microseconds_per_call(lambda i: kernel.launch(kernel._fused_linear, *layer(i)))
         best_us, best, diff = min(timed, key=lambda t: t[0])
