@@ -25,6 +25,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from engine.model import decode_attention as kernel  # noqa: E402
 from engine.model.dual_ar import one_query_attention  # noqa: E402
+from graph_timing import microseconds_per_call  # noqa: E402  (this script's folder)
 
 CASES = [(64, 1024, "half"), (64, 1024, "random"), (1, 512, "half"), (16, 1024, "random")]
 SETTINGS = [s for s in itertools.product((64, 128, 256), (32, 64, 128), (4, 8), (1, 2, 3)) if s[1] <= s[0]]
@@ -43,27 +44,6 @@ def make_case(batch: int, kv_len: int, lengths: str, capacity: int = 4096):
     return q, keys, values, row_lengths
 
 
-def microseconds_per_call(call, replays: int = 20) -> float:
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            call()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(LAYERS):
-            call()
-    graph.replay()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(replays):
-        graph.replay()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) * 1000 / replays / LAYERS
-
-
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--json")
@@ -75,13 +55,14 @@ def main(argv=None) -> int:
         q, keys, values, row_lengths = make_case(batch, kv_len, lengths)
         mask = (torch.arange(kv_len, device="cuda") < row_lengths[:, None, None, None]).expand(batch, 1, 2, kv_len)
         live_bytes = int(row_lengths.sum()) * 8 * 128 * 2 * 2  # keys and values, bf16
-        ops_us = microseconds_per_call(functools.partial(ops_attention, q, keys, values, mask))
+        ops_call = functools.partial(ops_attention, q, keys, values, mask)
+        ops_us = microseconds_per_call(lambda _, call=ops_call: call(), LAYERS)
         timed = []
         for setting in SETTINGS:
             split, kernel.BLOCK_KEYS, kernel.NUM_WARPS, kernel.NUM_STAGES = setting
             kernel.SPLIT_KEYS = kernel.ONE_ROW_SPLIT_KEYS = split
             call = functools.partial(kernel.decode_attention, q, keys, values, row_lengths)
-            timed.append((microseconds_per_call(call), setting))
+            timed.append((microseconds_per_call(lambda _, call=call: call(), LAYERS), setting))
         kernel.SPLIT_KEYS, kernel.ONE_ROW_SPLIT_KEYS, kernel.BLOCK_KEYS, kernel.NUM_WARPS, kernel.NUM_STAGES = chosen
         timed.sort()
         print(f"batch {batch}, bucket {kv_len}, {lengths} lengths: live KV {live_bytes / 1e6:.1f} MB; "

@@ -7,8 +7,9 @@ For each projection of an S1-mini block (full-size shapes, bf16, random values, 
 batch-1 decode step): the same work compiled by Inductor from the plain ops (RMSNorm, F.linear, SiLU
 gate, residual add, as the compiled step had them) and the fused Triton kernel in a sweep of launch
 settings. Each is captured 28 times in a CUDA graph, like a step's layers, each call with its own
-weights (read from memory, not L2), and timed per call. Prints the plain time, the kernel's time in its default settings and the fastest
-settings, with the largest difference from the eager ops. Needs CUDA and Triton.
+weights (read from memory, not L2), and timed per call. Prints the plain time, the kernel's time in
+its default settings and the fastest settings, with the largest difference from the eager ops.
+Needs CUDA and Triton.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from engine.model import fused_linear as kernel  # noqa: E402
+from graph_timing import microseconds_per_call  # noqa: E402  (this script's folder)
 
 # name: (K, N, RMSNorm before, gated, residual after)
 SHAPES = {
@@ -36,7 +38,7 @@ SHAPES = {
     "w2": (3072, 1024, False, False, True),
 }
 SETTINGS = [kernel.Launch(*s) for s in itertools.product((4, 8, 16), (256, 512, 1024), (4, 8), (1, 3))]
-CALLS = 28
+CALLS, REPLAYS = 28, 50
 
 
 def plain(x, weight, norm_weight, residual, eps, gated):
@@ -48,28 +50,6 @@ def plain(x, weight, norm_weight, residual, eps, gated):
         gate, up = y.chunk(2, dim=-1)
         y = F.silu(gate) * up
     return y if residual is None else residual + y
-
-
-def microseconds_per_call(call, replays: int = 50) -> float:
-    """call(i) runs layer i's projection."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for i in range(3):
-            call(i)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for i in range(CALLS):
-            call(i)
-    graph.replay()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(replays):
-        graph.replay()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) * 1000 / replays / CALLS
 
 
 def operands(rows: int, depth: int, columns: int, norm: bool, gated: bool, residual: bool):
@@ -98,7 +78,7 @@ def main(argv=None) -> int:
             return (x, weights[i], *rest)
 
         torch._dynamo.reset()  # each shape its own specialised graph, as in the step
-        plain_us = microseconds_per_call(lambda i: compiled_plain(*layer(i)))
+        plain_us = microseconds_per_call(lambda i: compiled_plain(*layer(i)), CALLS, REPLAYS)
         expected = plain(*layer(0)).float()
         timed = []
         for setting in SETTINGS:
@@ -107,9 +87,9 @@ def main(argv=None) -> int:
             except triton.runtime.errors.OutOfResources:  # too much shared memory for this setting
                 continue
             us = microseconds_per_call(lambda i, setting=setting: kernel.launch(kernel._fused_linear, *layer(i),
-                                                                                    settings=setting))
+                                                                                    settings=setting), CALLS, REPLAYS)
             timed.append((us, setting, float(diff)))
-        default_us = microseconds_per_call(lambda i: kernel.launch(kernel._fused_linear, *layer(i)))
+        default_us = microseconds_per_call(lambda i: kernel.launch(kernel._fused_linear, *layer(i)), CALLS, REPLAYS)
         best_us, best, diff = min(timed, key=lambda t: t[0])
         weight_bytes = weights[0].numel() * 2
         entry = {"shape": name, "plain_us": round(plain_us, 2), "default_us": round(default_us, 2),
