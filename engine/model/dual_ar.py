@@ -267,6 +267,12 @@ class FeedForward(nn.Module):
         return self.w2(F.silu(gate) * up)
 
 
+def _plain(weight) -> bool:
+    """Whether fused_linear can read this weight: a plain tensor (torchao's quantized weights are
+    tensor subclasses, and a weight that was never built is None)."""
+    return type(weight) in (Tensor, nn.Parameter)
+
+
 class Block(nn.Module):
     def __init__(self, dim, n_head, n_kv_heads, head_dim, hidden, eps, qk_norm, qkv_bias, o_bias):
         super().__init__()
@@ -285,7 +291,7 @@ class Block(nn.Module):
         weights = (a.wqkv.weight, a.wo.weight, f.w13, f.w2.weight)
         self.fused_projections = (
             projection_kernel is not None and a.wqkv.bias is None and a.wo.bias is None
-            and all(type(w) in (Tensor, nn.Parameter) for w in weights)  # (f.w13: None when not fused)
+            and all(_plain(w) for w in weights)  # (f.w13: None when not fused)
             and len({w.dtype for w in weights}) == 1)
         return self.fused_projections
 
@@ -321,7 +327,7 @@ def fused_norm_then_linear(norm: RMSNorm, weight: Tensor, x: Tensor) -> Tensor:
     between its compiled regions, where the norm alone was seven eager kernels); other inputs
     take the plain ops."""
     if projection_kernel is None or x.numel() != x.shape[-1] or not x.is_cuda \
-            or type(weight) not in (Tensor, nn.Parameter) or weight.dtype != x.dtype:
+            or not _plain(weight) or weight.dtype != x.dtype:
         return norm_then_linear(norm, weight, x)
     logits = projection_kernel.fused_linear(x.reshape(1, -1), weight, norm.weight, None, norm.eps, False)
     return logits.view(*x.shape[:-1], -1)
