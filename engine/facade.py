@@ -90,7 +90,8 @@ class TTSEngine:
         self._synthesizer = Synthesizer(models, self.reference_cache, self.policy, config.exact_sampling,
                                        capacity, self.slots, PREFIX_CACHE_BYTES, reference_frames)
         self.voices = VoiceStore(default_voices_dir(config.voices_dir), max_seconds=config.max_reference_seconds)
-        self._worker = GPUWorker(self.slots + config.max_queue, iterate=self._synthesizer.iterate)
+        self._worker = GPUWorker(self.slots + config.max_queue, iterate=self._synthesizer.iterate,
+                                 on_start=self._synthesizer.claim_thread)
         self._stats_lock = threading.Lock()
         self._counters = {"requests_total": 0, "errors_total": 0, "frames_total": 0, "audio_seconds_total": 0.0}
         self._last_frames_per_s: float | None = None

@@ -12,6 +12,7 @@ at a seam.
 from __future__ import annotations
 
 import hashlib
+import os
 import time
 from dataclasses import dataclass
 
@@ -92,6 +93,23 @@ class Synthesizer:
     @property
     def sample_rate(self) -> int:
         return self.models.codec.config.sample_rate
+
+    def claim_thread(self) -> None:
+        """On the worker thread, before its first GPU work: on CUDA, make a high-priority stream its
+        current one (the stream is per thread), unless S1_MINI_DECODE_PRIORITY=0.
+
+        The decode steps then outrank the codec chunks and reference encodes, which run on streams
+        of the lowest priority: whenever SMs free up, the block scheduler starts the step's small
+        kernels before more blocks of a codec kernel, so the codec fills the GPU around the steps
+        instead of delaying each of them by its large kernels."""
+        device = self.models.placement.device
+        if device.type != "cuda" or os.environ.get("S1_MINI_DECODE_PRIORITY", "1") == "0":
+            return
+        stream = torch.cuda.Stream(device, priority=torch.cuda.Stream.priority_range()[1])
+        stream.wait_stream(torch.cuda.default_stream(device))  # weights made on other threads' default stream
+        torch.cuda.set_stream(stream)
+        logger.info("decode steps run on a CUDA stream of priority {} (codec and encodes: {})",
+                    stream.priority, torch.cuda.Stream.priority_range()[0])
 
     def prepare(self) -> float:
         """On the worker thread, before any request: compile, and capture the graphs of one running

@@ -229,6 +229,17 @@ def test_step_and_codec_graphs_replaying_at_once_give_the_codec_audio_of_serial_
     np.testing.assert_array_equal(request(), before)  # the replays left nothing behind
 
 
+def test_decode_steps_run_on_a_stream_that_outranks_the_codec(engine):
+    """The worker thread's own stream, on which its step graphs replay, has a higher priority (a
+    lower number) than the codec's and the reference encoder's streams."""
+    if engine.models.placement.device.type != "cuda":
+        pytest.skip("stream priorities are CUDA's")
+    synth = engine._synthesizer
+    decode = engine._worker.call(lambda: torch.cuda.current_stream().priority)
+    assert decode < synth.codec_runner.stream.priority
+    assert decode < synth.reference_encoder._stream.priority
+
+
 @pytest.mark.gpu
 def test_a_new_engine_captures_larger_batches_when_demanded_or_idle(tmp_path, monkeypatch):
     """Ready with batch 1's graphs alone: eight requests at once drain the batch, the graphs up to

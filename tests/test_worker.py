@@ -71,3 +71,21 @@ def test_failing_idle_work_is_logged_and_dropped_and_the_worker_serves_on(monkey
         assert calls == [1]
     finally:
         worker.close()
+
+
+def test_on_start_runs_first_on_the_worker_thread_and_a_failing_one_leaves_it_serving():
+    seen: list[str] = []
+    worker = GPUWorker(capacity=2, on_start=lambda: seen.append(threading.current_thread().name))
+    try:
+        assert worker.call(lambda: list(seen)) == ["s1-gpu-worker"]
+    finally:
+        worker.close()
+
+    def broken() -> None:
+        raise RuntimeError("no stream today")
+
+    worker = GPUWorker(capacity=2, on_start=broken)
+    try:
+        assert worker.call(lambda: "still serving") == "still serving"
+    finally:
+        worker.close()

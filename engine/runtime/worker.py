@@ -80,11 +80,15 @@ class Job:
 
 class GPUWorker:
     """capacity: jobs accepted at once (running or waiting); beyond it submit() raises QueueFullError.
-    iterate: one step of the engine's decode loop; returns whether it still has work."""
+    iterate: one step of the engine's decode loop; returns whether it still has work.
+    on_start: runs first on the worker thread (thread-local set-up, such as its CUDA stream); if it
+    fails, the failure is logged and the worker runs without it."""
 
-    def __init__(self, capacity: int, iterate: Callable[[], bool] = lambda: False, name: str = "s1-gpu-worker"):
+    def __init__(self, capacity: int, iterate: Callable[[], bool] = lambda: False, name: str = "s1-gpu-worker",
+                 on_start: Callable[[], None] = lambda: None):
         self.capacity = capacity
         self._iterate = iterate
+        self._on_start = on_start
         self._idle: Callable[[], bool] | None = None
         self._queue: queue.Queue[Job | None] = queue.Queue()
         self._in_flight = 0
@@ -130,6 +134,10 @@ class GPUWorker:
             self._in_flight -= 1
 
     def _loop(self) -> None:
+        try:
+            self._on_start()
+        except Exception:
+            logger.exception("the GPU worker's set-up failed; it runs without it")
         busy, quiet = False, False
         while True:
             # Busy: poll between iterations. Idle work left: wait IDLE_AFTER_S for a job the first
