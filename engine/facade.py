@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 import os
 import secrets
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -88,7 +89,10 @@ class TTSEngine:
         codec = models.codec.config
         reference_frames = math.ceil(config.max_reference_seconds * codec.sample_rate / codec.frame_length)
         self._synthesizer = Synthesizer(models, self.reference_cache, self.policy, config.exact_sampling,
-                                       capacity, self.slots, PREFIX_CACHE_BYTES, reference_frames)
+                                       capacity, self.slots, PREFIX_CACHE_BYTES, reference_frames,
+                                       decode_priority=config.decode_priority)
+        if config.switch_interval_ms:
+            sys.setswitchinterval(config.switch_interval_ms / 1000)
         self.voices = VoiceStore(default_voices_dir(config.voices_dir), max_seconds=config.max_reference_seconds)
         self._worker = GPUWorker(self.slots + config.max_queue, iterate=self._synthesizer.iterate,
                                  on_start=self._synthesizer.claim_thread)

@@ -12,7 +12,6 @@ at a seam.
 from __future__ import annotations
 
 import hashlib
-import os
 import time
 from dataclasses import dataclass
 
@@ -62,10 +61,12 @@ class AudioChunk:
 
 class Synthesizer:
     def __init__(self, models: LoadedModels, reference_cache: ReferenceCodeCache, policy: CompilePolicy,
-                 exact_sampling: bool, capacity: int, slots: int, prefix_cache_bytes: int, reference_frames: int):
+                 exact_sampling: bool, capacity: int, slots: int, prefix_cache_bytes: int, reference_frames: int,
+                 decode_priority: bool = True):
         """capacity: KV positions per sequence; slots: sequences decoded at once; reference_frames:
-        the longest reference clip, in codec frames."""
+        the longest reference clip, in codec frames; decode_priority: see claim_thread."""
         self.models = models
+        self.decode_priority = decode_priority
         self.reference_cache = reference_cache
         c = models.model.config
         self.capacity = capacity
@@ -96,14 +97,14 @@ class Synthesizer:
 
     def claim_thread(self) -> None:
         """On the worker thread, before its first GPU work: on CUDA, make a high-priority stream its
-        current one (the stream is per thread), unless S1_MINI_DECODE_PRIORITY=0.
+        current one (the stream is per thread), unless decode_priority is off.
 
         The decode steps then outrank the codec chunks and reference encodes, which run on streams
         of the lowest priority: whenever SMs free up, the block scheduler starts the step's small
         kernels before more blocks of a codec kernel, so the codec fills the GPU around the steps
         instead of delaying each of them by its large kernels."""
         device = self.models.placement.device
-        if device.type != "cuda" or os.environ.get("S1_MINI_DECODE_PRIORITY", "1") == "0":
+        if device.type != "cuda" or not self.decode_priority:
             return
         stream = torch.cuda.Stream(device, priority=torch.cuda.Stream.priority_range()[1])
         stream.wait_stream(torch.cuda.default_stream(device))  # weights made on other threads' default stream

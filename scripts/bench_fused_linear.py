@@ -77,19 +77,22 @@ def main(argv=None) -> int:
         def layer(i, x=x, weights=weights, rest=rest):  # operands of layer i's projection
             return (x, weights[i], *rest)
 
+        def fused(i, settings=kernel.Launch()):  # the kernel on them (bf16 weights: no row scales)
+            x, weight, *rest = layer(i)
+            return kernel.launch(kernel._fused_linear, x, weight, None, *rest, settings=settings)
+
         torch._dynamo.reset()  # each shape its own specialised graph, as in the step
         plain_us = microseconds_per_call(lambda i: compiled_plain(*layer(i)), CALLS, REPLAYS)
         expected = plain(*layer(0)).float()
         timed = []
         for setting in SETTINGS:
             try:
-                diff = (kernel.launch(kernel._fused_linear, *layer(0), settings=setting).float() - expected).abs().max()
+                diff = (fused(0, setting).float() - expected).abs().max()
             except triton.runtime.errors.OutOfResources:  # too much shared memory for this setting
                 continue
-            us = microseconds_per_call(lambda i, setting=setting: kernel.launch(kernel._fused_linear, *layer(i),
-                                                                                    settings=setting), CALLS, REPLAYS)
+            us = microseconds_per_call(lambda i, setting=setting: fused(i, setting), CALLS, REPLAYS)
             timed.append((us, setting, float(diff)))
-        default_us = microseconds_per_call(lambda i: kernel.launch(kernel._fused_linear, *layer(i)), CALLS, REPLAYS)
+        default_us = microseconds_per_call(fused, CALLS, REPLAYS)
         best_us, best, diff = min(timed, key=lambda t: t[0])
         weight_bytes = weights[0].numel() * 2
         entry = {"shape": name, "plain_us": round(plain_us, 2), "default_us": round(default_us, 2),

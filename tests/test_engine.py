@@ -423,6 +423,22 @@ def wait_for(condition, timeout=60.0):
     assert condition()
 
 
+def test_the_engine_sets_the_gil_switch_interval_its_config_names(tmp_path):
+    before = sys.getswitchinterval()
+    try:
+        sys.setswitchinterval(0.005)
+        eng = TTSEngine.from_config(EngineConfig(demo=True, cache_dir=str(tmp_path / "cache"),
+                                                 voices_dir=str(tmp_path / "voices"), switch_interval_ms=0.25))
+        eng.close()
+        assert sys.getswitchinterval() == pytest.approx(0.00025)
+        eng = TTSEngine.from_config(EngineConfig(demo=True, cache_dir=str(tmp_path / "cache"),
+                                                 voices_dir=str(tmp_path / "voices"), switch_interval_ms=0))
+        eng.close()
+        assert sys.getswitchinterval() == pytest.approx(0.00025)  # 0: left as it was
+    finally:
+        sys.setswitchinterval(before)
+
+
 @pytest.fixture
 def fresh_engine(tmp_path):
     eng = TTSEngine.from_config(EngineConfig(demo=True, cache_dir=str(tmp_path / "cache"),

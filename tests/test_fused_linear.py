@@ -25,6 +25,11 @@ def plain(x, weight, norm_weight, residual, eps, gated):
     return y if residual is None else residual + y
 
 
+def kernel(x, weight, norm_weight, residual, eps, gated, weight_scale=None):
+    """fused_linear with the operands in plain()'s order."""
+    return fused.fused_linear(x, weight, weight_scale, norm_weight, residual, eps, gated)
+
+
 def operands(rows, depth, columns, norm, gated, residual, dtype, seed=0):
     gen = torch.Generator(device="cuda").manual_seed(seed)
 
@@ -45,7 +50,7 @@ SHAPES = [(1024, 4096, True, False, False), (2048, 1024, False, False, True), (1
 @pytest.mark.parametrize("shape", SHAPES)
 def test_fp32_equals_the_plain_ops(shape):
     ops = operands(1, *shape, torch.float32)
-    torch.testing.assert_close(fused.fused_linear(*ops), plain(*ops), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(kernel(*ops), plain(*ops), rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("shape", SHAPES[:4])
@@ -53,8 +58,26 @@ def test_bf16_is_as_close_to_fp32_as_the_plain_bf16_ops(shape):
     ops = operands(1, *shape, torch.bfloat16)
     as_fp32 = [t.float() if isinstance(t, torch.Tensor) else t for t in ops]
     reference = plain(*as_fp32)
-    kernel_error = (fused.fused_linear(*ops).float() - reference).abs().max()
+    kernel_error = (kernel(*ops).float() - reference).abs().max()
     plain_error = (plain(*ops).float() - reference).abs().max()
+    assert kernel_error <= 1.5 * plain_error + 1e-3
+
+
+def int8_rows(weight):
+    """weight as int8 with one scale per row (absmax / 127), and the weight those give back."""
+    scale = weight.float().abs().amax(dim=1).clamp_min(1e-12) / 127
+    q = torch.round(weight.float() / scale[:, None]).clamp(-127, 127).to(torch.int8)
+    return q, scale, (q.float() * scale[:, None])
+
+
+@pytest.mark.parametrize("shape", SHAPES[:4] + SHAPES[-1:])
+def test_int8_weights_with_row_scales_are_as_close_as_the_plain_ops_on_their_dequantized_weights(shape):
+    x, weight, *rest = operands(1, *shape, torch.bfloat16)
+    q, scale, dequantized = int8_rows(weight)
+    as_fp32 = [t.float() if isinstance(t, torch.Tensor) else t for t in rest]
+    reference = plain(x.float(), dequantized, *as_fp32)
+    kernel_error = (kernel(x, q, *rest, weight_scale=scale).float() - reference).abs().max()
+    plain_error = (plain(x, dequantized.to(torch.bfloat16), *rest).float() - reference).abs().max()
     assert kernel_error <= 1.5 * plain_error + 1e-3
 
 
@@ -68,10 +91,12 @@ def full_size_block(dtype):
     return block
 
 
+@pytest.mark.parametrize("quantize", ["none", "int8"])
 @torch.inference_mode()
-def test_a_compiled_block_with_fused_projections_in_a_cuda_graph_equals_the_eager_block(monkeypatch):
+def test_a_compiled_block_with_fused_projections_in_a_cuda_graph_equals_the_eager_block(monkeypatch, quantize):
     """The path Block takes in the compiled batch-1 decode step (one row, one position, in a CUDA
-    graph): fp32, equal to the eager block, KV writes included."""
+    graph): fp32, equal to the eager block, KV writes included; with int8 weights (torchao's, as
+    --quantize int8 makes them), equal to the eager block on the same weights."""
     import types
 
     from engine.model import dual_ar
@@ -80,6 +105,8 @@ def test_a_compiled_block_with_fused_projections_in_a_cuda_graph_equals_the_eage
     monkeypatch.setattr(dual_ar, "projection_kernel", types.SimpleNamespace(
         fused_linear=lambda *args: traced.append(args) or fused.fused_linear(*args)))
     block = full_size_block(torch.float32)
+    if quantize == "int8":
+        quantize_block_int8(block)
     assert block.use_fused_projections()
     batch, capacity, position = 1, 64, 17
     x = torch.randn(batch, 1, 1024, device="cuda")
@@ -119,7 +146,25 @@ def test_a_fused_output_head_equals_the_plain_one_and_more_rows_take_the_plain_o
         torch.testing.assert_close(fused_norm_then_linear(norm, weight, x), expected, rtol=tolerance, atol=tolerance)
 
 
-def test_quantized_or_biased_weights_keep_the_plain_projections():
+def quantize_block_int8(block):
+    from engine import quantization
+
+    block.feed_forward.fuse_gate_up(as_linear=True)
+    quantization._torchao().quantize_(block, quantization._config("int8"))
+
+
+def test_int8_weights_take_the_kernels_and_other_quantized_or_biased_ones_keep_the_plain_projections():
+    pytest.importorskip("torchao")
+    from engine import quantization
+
     block = full_size_block(torch.bfloat16)
-    block.feed_forward.fuse_gate_up(as_linear=True)  # the layout int8 quantization uses
-    assert not block.use_fused_projections()
+    quantize_block_int8(block)
+    assert block.use_fused_projections()
+    if torch.cuda.get_device_capability() >= (8, 0):
+        int4 = full_size_block(torch.bfloat16)
+        int4.feed_forward.fuse_gate_up(as_linear=True)
+        quantization._torchao().quantize_(int4, quantization._config("int4"))
+        assert not int4.use_fused_projections()
+    biased = Block(1024, 16, 8, 128, 3072, 1e-6, True, True, False).to("cuda", torch.bfloat16)
+    biased.feed_forward.fuse_gate_up()
+    assert not biased.use_fused_projections()

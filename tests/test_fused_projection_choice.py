@@ -3,6 +3,7 @@ choice itself needs no GPU."""
 
 import types
 
+import pytest
 import torch
 
 from engine.model import dual_ar
@@ -15,17 +16,39 @@ def small_block(**kwargs):
     return block
 
 
-def test_plain_weights_take_the_kernels_and_quantized_biased_or_unfused_ones_do_not(monkeypatch):
+def test_plain_weights_take_the_kernels_and_biased_or_unfused_ones_do_not(monkeypatch):
     monkeypatch.setattr(dual_ar, "projection_kernel", types.SimpleNamespace())  # as if Triton were there
     assert small_block().use_fused_projections()
     assert not small_block(qkv_bias=True).use_fused_projections()
     linear_layout = small_block()
     linear_layout.feed_forward.fuse_gate_up(as_linear=True)  # the layout quantization uses
-    assert not linear_layout.use_fused_projections()
+    assert linear_layout.use_fused_projections()
     unfused = Block(32, 4, 2, 8, 64, 1e-6, True, False, False)  # w13 not built
     assert not unfused.use_fused_projections()
     monkeypatch.setattr(dual_ar, "projection_kernel", None)  # no Triton
     assert not small_block().use_fused_projections()
+
+
+def test_int8_row_scaled_weights_take_the_kernels_and_int8_activations_do_not(monkeypatch):
+    tq = pytest.importorskip("torchao.quantization")
+    from engine import quantization
+
+    monkeypatch.setattr(dual_ar, "projection_kernel", types.SimpleNamespace())
+    block = small_block()
+    block.feed_forward.fuse_gate_up(as_linear=True)
+    tq.quantize_(block, quantization._config("int8"), filter_fn=quantization._linears_quantized_in("int8"))
+    assert block.use_fused_projections()
+    (wqkv, qkv_scale), (wo, wo_scale), (w13, w13_scale), _ = block._projection_operands
+    assert qkv_scale is None and wqkv is block.attention.wqkv.weight  # kept in the model's dtype
+    assert wo.dtype == torch.int8 and wo_scale.shape == (wo.shape[0],)
+    assert w13.shape == (128, 32) and w13_scale.shape == (128,)  # gate rows, then up rows
+    dequantized = block.attention.wo.weight.dequantize()
+    torch.testing.assert_close(wo.float() * wo_scale[:, None].float(), dequantized.float())
+
+    dynamic = small_block()  # int8 activations too: the kernel does not quantize them
+    dynamic.feed_forward.fuse_gate_up(as_linear=True)
+    tq.quantize_(dynamic, tq.Int8DynamicActivationInt8WeightConfig(version=2))
+    assert not dynamic.use_fused_projections()
 
 
 def test_the_fused_head_takes_the_plain_ops_off_the_gpu():

@@ -268,9 +268,23 @@ class FeedForward(nn.Module):
 
 
 def _plain(weight) -> bool:
-    """Whether fused_linear can read this weight: a plain tensor (torchao's quantized weights are
-    tensor subclasses, and a weight that was never built is None)."""
+    """Whether fused_linear can read this weight as it is: a plain tensor (torchao's quantized
+    weights are tensor subclasses, and a weight that was never built is None)."""
     return type(weight) in (Tensor, nn.Parameter)
+
+
+def _kernel_operands(weight) -> tuple[Tensor, Tensor | None] | None:
+    """(weight, row scales or None) as fused_linear reads them, or None if it cannot: a plain
+    weight, or torchao's Int8Tensor with one scale per row and no zero point (--quantize int8)."""
+    if _plain(weight):
+        return weight, None
+    if type(weight).__name__ != "Int8Tensor" or getattr(weight, "act_quant_kwargs", None) is not None:
+        return None
+    qdata, scale, zero_point = weight.qdata, weight.scale, getattr(weight, "zero_point", None)
+    if qdata.dtype != torch.int8 or scale.numel() != qdata.shape[0] or \
+            (zero_point is not None and bool(zero_point.any())):  # set-up only: one sync per weight
+        return None
+    return qdata, scale.reshape(-1)
 
 
 class Block(nn.Module):
@@ -282,17 +296,22 @@ class Block(nn.Module):
         self.ffn_norm = RMSNorm(dim, eps)
         self.attention_norm = RMSNorm(dim, eps)
         self.fused_projections = False  # set by use_fused_projections()
+        self._projection_operands = None  # ((weight, row scales or None) x 4), with fused_projections
 
     def use_fused_projections(self) -> bool:
         """Let the compiled batch-1 decode step (one row, one position) run this block's four
-        projections as fused_linear kernels, if Triton is there and the weights are plain tensors without biases
-        (quantized ones keep their own kernels). Returns whether it will."""
+        projections as fused_linear kernels, if Triton is there and the weights are ones it reads
+        (plain, or int8 with row scales) without biases; other quantized weights keep their own
+        kernels. Returns whether it will."""
         a, f = self.attention, self.feed_forward
-        weights = (a.wqkv.weight, a.wo.weight, f.w13, f.w2.weight)
+        w13 = f.w13.weight if isinstance(f.w13, nn.Linear) else f.w13  # (None when not fused)
+        operands = [_kernel_operands(w) for w in (a.wqkv.weight, a.wo.weight, w13, f.w2.weight)]
+        activation_dtype = self.attention_norm.weight.dtype
         self.fused_projections = (
             projection_kernel is not None and a.wqkv.bias is None and a.wo.bias is None
-            and all(_plain(w) for w in weights)  # (f.w13: None when not fused)
-            and len({w.dtype for w in weights}) == 1)
+            and None not in operands
+            and all(w.dtype == activation_dtype for w, scale in operands if scale is None))
+        self._projection_operands = operands if self.fused_projections else None
         return self.fused_projections
 
     def forward(self, x: Tensor, rope: Tensor, kv: KVView) -> Tensor:
@@ -304,13 +323,14 @@ class Block(nn.Module):
     def _decode_fused(self, x: Tensor, rope: Tensor, kv: KVView) -> Tensor:
         """forward() in four fused_linear kernels plus attention: the norms go into the
         projections after them, the residual adds and the SiLU gate into the ones before."""
-        a, f, linear = self.attention, self.feed_forward, projection_kernel.fused_linear
+        linear = projection_kernel.fused_linear
+        (wqkv, qkv_scale), (wo, wo_scale), (w13, w13_scale), (w2, w2_scale) = self._projection_operands
         row = x.reshape(1, x.shape[-1])
-        qkv = linear(row, a.wqkv.weight, self.attention_norm.weight, None, self.attention_norm.eps, False)
-        attended = a.attend(qkv.view(1, 1, -1), rope, kv)
-        h = linear(attended.reshape(1, -1), a.wo.weight, None, row, 0.0, False)
-        gated = linear(h, f.w13, self.ffn_norm.weight, None, self.ffn_norm.eps, True)
-        return linear(gated, f.w2.weight, None, h, 0.0, False).view_as(x)
+        qkv = linear(row, wqkv, qkv_scale, self.attention_norm.weight, None, self.attention_norm.eps, False)
+        attended = self.attention.attend(qkv.view(1, 1, -1), rope, kv)
+        h = linear(attended.reshape(1, -1), wo, wo_scale, None, row, 0.0, False)
+        gated = linear(h, w13, w13_scale, self.ffn_norm.weight, None, self.ffn_norm.eps, True)
+        return linear(gated, w2, w2_scale, None, h, 0.0, False).view_as(x)
 
 
 def call_block(layer: Block, x: Tensor, rope: Tensor, kv: KVView) -> Tensor:
@@ -329,7 +349,7 @@ def fused_norm_then_linear(norm: RMSNorm, weight: Tensor, x: Tensor) -> Tensor:
     if projection_kernel is None or x.numel() != x.shape[-1] or not x.is_cuda \
             or not _plain(weight) or weight.dtype != x.dtype:
         return norm_then_linear(norm, weight, x)
-    logits = projection_kernel.fused_linear(x.reshape(1, -1), weight, norm.weight, None, norm.eps, False)
+    logits = projection_kernel.fused_linear(x.reshape(1, -1), weight, None, norm.weight, None, norm.eps, False)
     return logits.view(*x.shape[:-1], -1)
 
 

@@ -11,7 +11,9 @@ RMSNorm: each program recomputes the row's norm over K (a few KB, from L2), then
 as it streams them, rounding where `dual_ar.RMSNorm` rounds. Gated: W holds the gate rows above the
 up rows (FeedForward.w13); a program multiplies both halves for its columns and writes
 silu(gate) * up, rounded like the eager `F.silu(w1(x)) * w3(x)`. Products are summed in fp32, so the
-results equal the plain path up to the order of the sums.
+results equal the plain path up to the order of the sums. int8 weights with one scale per output
+row (torchao's Int8Tensor in --quantize int8) are read as they are, half the bytes of bf16, and each
+column's sum is multiplied by its row's scale before it is rounded.
 
 Few columns per program and whole rows of W per iteration keep many loads in flight: timed from
 memory (scripts/bench_fused_linear.py), the slow block's four projections take ~20 us against ~33
@@ -44,9 +46,9 @@ class Launch:
 
 
 @triton.jit
-def _fused_linear(x_ptr, w_ptr, norm_ptr, residual_ptr, out_ptr, eps,
-                  K: tl.constexpr, N: tl.constexpr, has_norm: tl.constexpr, gated: tl.constexpr,
-                  has_residual: tl.constexpr, block_n: tl.constexpr, block_k: tl.constexpr):
+def _fused_linear(x_ptr, w_ptr, w_scale_ptr, norm_ptr, residual_ptr, out_ptr, eps,
+                  K: tl.constexpr, N: tl.constexpr, has_w_scale: tl.constexpr, has_norm: tl.constexpr,
+                  gated: tl.constexpr, has_residual: tl.constexpr, block_n: tl.constexpr, block_k: tl.constexpr):
     n = tl.program_id(0) * block_n + tl.arange(0, block_n)
     k = tl.arange(0, block_k)
     live_n = n < N
@@ -71,18 +73,24 @@ def _fused_linear(x_ptr, w_ptr, norm_ptr, residual_ptr, out_ptr, eps,
         products += tl.load(w_rows + k0 + k[None, :], mask=live, other=0.0).to(tl.float32) * xf
         if gated:
             up_products += tl.load(w_rows + N * K + k0 + k[None, :], mask=live, other=0.0).to(tl.float32) * xf
-    out = tl.sum(products, 1).to(dtype)
+    sums = tl.sum(products, 1)
+    up_sums = tl.sum(up_products, 1)
+    if has_w_scale:  # int8 rows: one scale per output row (gate rows, then up rows)
+        sums *= tl.load(w_scale_ptr + n, mask=live_n, other=0.0).to(tl.float32)
+        if gated:
+            up_sums *= tl.load(w_scale_ptr + N + n, mask=live_n, other=0.0).to(tl.float32)
+    out = sums.to(dtype)
     if gated:  # silu(gate) * up, each rounded as the eager ops round
         gate = out.to(tl.float32)
-        up = tl.sum(up_products, 1).to(dtype).to(tl.float32)
+        up = up_sums.to(dtype).to(tl.float32)
         out = ((gate * tl.sigmoid(gate)).to(dtype).to(tl.float32) * up).to(dtype)
     if has_residual:
         out = (tl.load(residual_ptr + n, mask=live_n, other=0.0).to(tl.float32) + out.to(tl.float32)).to(dtype)
     tl.store(out_ptr + n, out, mask=live_n)
 
 
-def launch(kernel, x: Tensor, weight: Tensor, norm_weight: Tensor | None, residual: Tensor | None,
-           eps: float, gated: bool, settings: Launch = Launch()) -> Tensor:
+def launch(kernel, x: Tensor, weight: Tensor, weight_scale: Tensor | None, norm_weight: Tensor | None,
+           residual: Tensor | None, eps: float, gated: bool, settings: Launch = Launch()) -> Tensor:
     """Run `kernel` (_fused_linear, or it wrapped for Inductor) on the operands; see fused_linear."""
     torch._check(x.shape[0] == 1, lambda: "fused_linear takes one row")
     depth = x.shape[1]
@@ -90,17 +98,19 @@ def launch(kernel, x: Tensor, weight: Tensor, norm_weight: Tensor | None, residu
     x, weight = x.contiguous(), weight.contiguous()
     out = torch.empty((1, columns), device=x.device, dtype=x.dtype)
     kernel[(triton.cdiv(columns, settings.block_n),)](
-        x, weight, x if norm_weight is None else norm_weight, x if residual is None else residual.contiguous(),
-        out, eps, K=depth, N=columns, has_norm=norm_weight is not None, gated=gated,
-        has_residual=residual is not None, block_n=settings.block_n,
+        x, weight, x if weight_scale is None else weight_scale.contiguous(),
+        x if norm_weight is None else norm_weight, x if residual is None else residual.contiguous(),
+        out, eps, K=depth, N=columns, has_w_scale=weight_scale is not None, has_norm=norm_weight is not None,
+        gated=gated, has_residual=residual is not None, block_n=settings.block_n,
         block_k=min(settings.block_k, triton.next_power_of_2(depth)),
         num_warps=settings.num_warps, num_stages=settings.num_stages)
     return out
 
 
 @triton_op("s1mini::fused_linear", mutates_args={})
-def fused_linear(x: Tensor, weight: Tensor, norm_weight: Tensor | None, residual: Tensor | None,
-                 eps: float, gated: bool) -> Tensor:
-    """x (1, K); weight (N, K), or (2N, K) gate rows then up rows when gated; norm_weight (K,) or
-    None; residual (1, N) or None. Returns (1, N) in x's dtype; see the module docstring."""
-    return launch(wrap_triton(_fused_linear), x, weight, norm_weight, residual, eps, gated)
+def fused_linear(x: Tensor, weight: Tensor, weight_scale: Tensor | None, norm_weight: Tensor | None,
+                 residual: Tensor | None, eps: float, gated: bool) -> Tensor:
+    """x (1, K); weight (N, K), or (2N, K) gate rows then up rows when gated, in x's dtype, or int8
+    with weight_scale (N,) or (2N,) one scale per row (else None); norm_weight (K,) or None;
+    residual (1, N) or None. Returns (1, N) in x's dtype; see the module docstring."""
+    return launch(wrap_triton(_fused_linear), x, weight, weight_scale, norm_weight, residual, eps, gated)

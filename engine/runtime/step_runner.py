@@ -150,7 +150,7 @@ class StepRunner:
                 if fused:
                     ops = dataclasses.replace(ops, head=fused_norm_then_linear)
                 logger.info("decode projections: {}", "fused Triton kernels" if fused else "compiled matmuls "
-                            "(fused kernels need Triton and plain, unquantized weights)")
+                            "(fused kernels need Triton and plain or int8 weights)")
             # Prefill lengths vary: no max-autotune (autotuning every length would take minutes),
             # length-generic from its first call (one compile instead of a static one, then another).
             prefill_backend = dataclasses.replace(self.policy, mode="default").inductor_backend()
