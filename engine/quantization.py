@@ -2,7 +2,8 @@
 
 Modes (EngineConfig.quantize):
 - int8: int8 weights with one scale per output row (any device; the matmul runs in the activation
-  dtype, so the gain is memory, and speed only where torch.compile fuses the dequantization).
+  dtype, so the gain is memory, and speed only in the compiled batch-1 step, whose fused projection
+  kernels read the int8 weights as they are).
 - int4: int4 weights in groups of 32 (HQQ scales), tile-packed for tinygemm: CUDA compute
   capability >= 8.0, bf16.
 - fp8: fp8 (e4m3) weights and activations with per-row scales on fp8 tensor cores: CUDA compute
@@ -87,7 +88,9 @@ def quantize_transformer(model: DualARTransformer, mode: str) -> None:
 # int8 keeps the QKV projection in the model's dtype: its per-row scale would sit between the matmul
 # and the qk-norm, RoPE and KV write of a one-row step, which Inductor then splits into six kernels
 # per layer instead of three, costing more than the int8 matmul saves (docs/PERFORMANCE.md). It is
-# a quarter of a block's weights (+125 MB over all-int8 at full size).
+# a quarter of a block's weights (+125 MB over all-int8 at full size). Measured before the fused
+# batch-1 projections (model/fused_linear.py), which apply the scale inside their kernel: an int8
+# QKV may pay off now, but has not been measured.
 _INT8_KEEPS = ("attention.wqkv",)
 
 
