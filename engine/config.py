@@ -52,12 +52,13 @@ class EngineConfig:
     # Sample codebook 0 over the whole vocabulary as the reference does, instead of over the
     # semantic tokens and <|im_end|> only (slower: reads the full 155,776-row output matrix).
     exact_sampling: bool = False
-    # CUDA: the decode steps run on a high-priority stream, the codec and reference encodes on
-    # low-priority ones, so the codec fills the GPU around the steps instead of delaying them.
-    decode_priority: bool = True
-    # Python's GIL switch interval while the engine runs (Python's default is 5 ms), 0 = leave it:
-    # the GPU worker thread, which launches every step, waits up to this long for the GIL when the
-    # web server's threads hold it (docs/PERFORMANCE.md).
+    # CUDA: the GPU worker thread's own work (prefill, copies, graph launches) goes on a
+    # high-priority stream, ahead of the codec's and reference encodes' low-priority ones
+    # (Synthesizer.claim_thread says what it does and does not reach).
+    decode_priority: bool = False  # off by default: see docs/PERFORMANCE.md for both sides of it
+    # Python's GIL switch interval (its default is 5 ms), set process-wide when the engine starts;
+    # 0 = leave it as it is. The GPU worker thread, which launches every step, waits up to this long
+    # for the GIL when the web server's threads hold it (docs/PERFORMANCE.md).
     switch_interval_ms: float = 0.5
 
     def __post_init__(self):
@@ -79,7 +80,7 @@ class EngineConfig:
         if self.max_reference_seconds <= 0:
             raise InputError("max_reference_seconds must be positive")
         if self.switch_interval_ms < 0:
-            raise InputError(f"switch_interval_ms must be >= 0 (0 = Python's default), got {self.switch_interval_ms}")
+            raise InputError(f"switch_interval_ms must be >= 0 (0 = leave it as it is), got {self.switch_interval_ms}")
 
     @classmethod
     def from_env(cls, environ: dict | None = None, **overrides) -> "EngineConfig":

@@ -62,7 +62,7 @@ class AudioChunk:
 class Synthesizer:
     def __init__(self, models: LoadedModels, reference_cache: ReferenceCodeCache, policy: CompilePolicy,
                  exact_sampling: bool, capacity: int, slots: int, prefix_cache_bytes: int, reference_frames: int,
-                 decode_priority: bool = True):
+                 decode_priority: bool = False):
         """capacity: KV positions per sequence; slots: sequences decoded at once; reference_frames:
         the longest reference clip, in codec frames; decode_priority: see claim_thread."""
         self.models = models
@@ -97,12 +97,15 @@ class Synthesizer:
 
     def claim_thread(self) -> None:
         """On the worker thread, before its first GPU work: on CUDA, make a high-priority stream its
-        current one (the stream is per thread), unless decode_priority is off.
+        current one (the stream is per thread), if decode_priority is on.
 
-        The decode steps then outrank the codec chunks and reference encodes, which run on streams
-        of the lowest priority: whenever SMs free up, the block scheduler starts the step's small
-        kernels before more blocks of a codec kernel, so the codec fills the GPU around the steps
-        instead of delaying each of them by its large kernels."""
+        The thread's eager work (the prefill of admitted requests, copies) then outranks the codec
+        chunks and reference encodes, which run on streams of the lowest priority: whenever SMs
+        free up, the block scheduler starts its kernels before more blocks of a codec kernel
+        (64 streams in process on an H100: 304-316 -> 323-327 audio-s/s). CUDA graphs are another
+        matter: torch >= 2.10 instantiates them with node priorities, so a graph's kernels keep the
+        priority of the stream it was captured on, and the decode-step graphs, captured on a
+        stream of the default priority, do not outrank the codec's (docs/PERFORMANCE.md)."""
         device = self.models.placement.device
         if device.type != "cuda" or not self.decode_priority:
             return

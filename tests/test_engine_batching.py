@@ -229,26 +229,21 @@ def test_step_and_codec_graphs_replaying_at_once_give_the_codec_audio_of_serial_
     np.testing.assert_array_equal(request(), before)  # the replays left nothing behind
 
 
-def test_decode_steps_run_on_a_stream_that_outranks_the_codec(engine):
-    """The worker thread's own stream, on which its step graphs replay, has a higher priority (a
-    lower number) than the codec's and the reference encoder's streams."""
-    if engine.models.placement.device.type != "cuda":
-        pytest.skip("stream priorities are CUDA's")
-    synth = engine._synthesizer
-    decode = engine._worker.call(lambda: torch.cuda.current_stream().priority)
-    assert decode < synth.codec_runner.stream.priority
-    assert decode < synth.reference_encoder._stream.priority
-
-
 @pytest.mark.gpu
 def test_a_new_engine_captures_larger_batches_when_demanded_or_idle(tmp_path, monkeypatch):
     """Ready with batch 1's graphs alone: eight requests at once drain the batch, the graphs up to
     eight rows are captured, and each request gets the audio it gets alone; the last bucket (16)
-    is captured once the worker is idle."""
+    is captured once the worker is idle. With decode_priority on: the worker thread's stream
+    outranks the codec's and the reference encoder's."""
     monkeypatch.setattr(worker_module, "IDLE_AFTER_S", 1e6)  # no idle capture until the test allows it
     engine = TTSEngine.from_config(EngineConfig(demo=True, device="cuda", precision="fp32", max_batch_size=16,
-                                                cache_dir=str(tmp_path / "cache"), voices_dir=str(tmp_path / "voices")))
+                                                cache_dir=str(tmp_path / "cache"), voices_dir=str(tmp_path / "voices"),
+                                                decode_priority=True))
     try:
+        synth = engine._synthesizer
+        worker_priority = engine._worker.call(lambda: torch.cuda.current_stream().priority)
+        assert worker_priority < synth.codec_runner.stream.priority
+        assert worker_priority < synth.reference_encoder._stream.priority
         engine.warmup()
         assert engine.stats()["slots_ready"] == 1
         params = [SamplingParams(max_new_tokens=6 + i, seed=200 + i) for i in range(8)]

@@ -278,7 +278,8 @@ def _kernel_operands(weight) -> tuple[Tensor, Tensor | None] | None:
     weight, or torchao's Int8Tensor with one scale per row and no zero point (--quantize int8)."""
     if _plain(weight):
         return weight, None
-    if type(weight).__name__ != "Int8Tensor" or getattr(weight, "act_quant_kwargs", None) is not None:
+    if type(weight).__name__ != "Int8Tensor" or getattr(weight, "act_quant_kwargs", None) is not None \
+            or getattr(weight, "act_pre_scale", None) is not None:  # the kernel scales no activations
         return None
     qdata, scale, zero_point = weight.qdata, weight.scale, getattr(weight, "zero_point", None)
     if qdata.dtype != torch.int8 or scale.numel() != qdata.shape[0] or \

@@ -13,7 +13,8 @@ up rows (FeedForward.w13); a program multiplies both halves for its columns and 
 silu(gate) * up, rounded like the eager `F.silu(w1(x)) * w3(x)`. Products are summed in fp32, so the
 results equal the plain path up to the order of the sums. int8 weights with one scale per output
 row (torchao's Int8Tensor in --quantize int8) are read as they are, half the bytes of bf16, and each
-column's sum is multiplied by its row's scale before it is rounded.
+column's fp32 sum is multiplied by its row's fp32 scale and rounded once; torchao's own bf16 path
+rounds more often, so in bf16 the two can differ by about one unit in the last place.
 
 Few columns per program and whole rows of W per iteration keep many loads in flight: timed from
 memory (scripts/bench_fused_linear.py), the slow block's four projections take ~20 us against ~33
