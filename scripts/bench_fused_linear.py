@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Time the decode step's fused projections (engine/model/fused_linear.py) against Inductor's.
 
-    python scripts/bench_fused_linear.py [--json out.json]
+    python scripts/bench_fused_linear.py [--weights bf16|int8] [--json out.json]
 
 For each projection of an S1-mini block (full-size shapes, bf16, random values, one row as in the
 batch-1 decode step): the same work compiled by Inductor from the plain ops (RMSNorm, F.linear, SiLU
@@ -9,7 +9,9 @@ gate, residual add, as the compiled step had them) and the fused Triton kernel i
 settings. Each is captured 28 times in a CUDA graph, like a step's layers, each call with its own
 weights (read from memory, not L2), and timed per call. Prints the plain time, the kernel's time in
 its default settings and the fastest settings, with the largest difference from the eager ops.
-Needs CUDA and Triton.
+With --weights int8 the weights are int8 with one scale per row (as --quantize int8 makes them):
+the kernel reads them with their scales, and the plain ops dequantize them inside the matmul (which
+Inductor fuses, as it did torchao's int8 weights in the compiled step). Needs CUDA and Triton.
 """
 
 from __future__ import annotations
@@ -42,7 +44,9 @@ DEFAULT_LAUNCH = kernel.Launch()
 CALLS, REPLAYS = 28, 50
 
 
-def plain(x, weight, norm_weight, residual, eps, gated):
+def plain(x, weight, norm_weight, residual, eps, gated, weight_scale=None):
+    if weight_scale is not None:  # int8 rows
+        weight = weight.to(x.dtype) * weight_scale[:, None].to(x.dtype)
     if norm_weight is not None:
         xf = x.float()
         x = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).type_as(x) * norm_weight
@@ -51,6 +55,12 @@ def plain(x, weight, norm_weight, residual, eps, gated):
         gate, up = y.chunk(2, dim=-1)
         y = F.silu(gate) * up
     return y if residual is None else residual + y
+
+
+def int8_rows(weight):
+    """weight as int8 with one fp32 scale per row (absmax / 127)."""
+    scale = weight.float().abs().amax(dim=1).clamp_min(1e-12) / 127
+    return torch.round(weight.float() / scale[:, None]).clamp(-127, 127).to(torch.int8), scale
 
 
 def operands(rows: int, depth: int, columns: int, norm: bool, gated: bool, residual: bool):
@@ -68,19 +78,23 @@ def operands(rows: int, depth: int, columns: int, norm: bool, gated: bool, resid
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--weights", choices=["bf16", "int8"], default="bf16")
     p.add_argument("--json")
     args = p.parse_args(argv)
     compiled_plain = torch.compile(plain)
     report = []
     for name, (depth, columns, norm, gated, residual) in SHAPES.items():
         x, weights, *rest = operands(1, depth, columns, norm, gated, residual)
+        scales = [None] * CALLS
+        if args.weights == "int8":
+            weights, scales = zip(*[int8_rows(w) for w in weights], strict=True)
 
-        def layer(i, x=x, weights=weights, rest=rest):  # operands of layer i's projection
-            return (x, weights[i], *rest)
+        def layer(i, x=x, weights=weights, scales=scales, rest=rest):  # operands of layer i's projection
+            return (x, weights[i], *rest, scales[i])
 
-        def fused(i, settings=DEFAULT_LAUNCH):  # the kernel on them (bf16 weights: no row scales)
-            x, weight, *rest = layer(i)
-            return kernel.launch(kernel._fused_linear, x, weight, None, *rest, settings=settings)
+        def fused(i, settings=DEFAULT_LAUNCH):  # the kernel on them
+            x, weight, *rest, scale = layer(i)
+            return kernel.launch(kernel._fused_linear, x, weight, scale, *rest, settings=settings)
 
         torch._dynamo.reset()  # each shape its own specialised graph, as in the step
         plain_us = microseconds_per_call(lambda i: compiled_plain(*layer(i)), CALLS, REPLAYS)
@@ -95,7 +109,7 @@ def main(argv=None) -> int:
             timed.append((us, setting, float(diff)))
         default_us = microseconds_per_call(fused, CALLS, REPLAYS)
         best_us, best, diff = min(timed, key=lambda t: t[0])
-        weight_bytes = weights[0].numel() * 2
+        weight_bytes = weights[0].numel() * weights[0].element_size()
         entry = {"shape": name, "plain_us": round(plain_us, 2), "default_us": round(default_us, 2),
                  "best_us": round(best_us, 2), "best": best.__dict__, "max_abs_diff": diff,
                  "best_weight_tb_s": round(weight_bytes / best_us / 1e6, 2),
@@ -106,7 +120,7 @@ def main(argv=None) -> int:
               f"{entry['best_weight_tb_s']} TB/s)  max diff {diff:.2e}", flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-                                               "cases": report}, indent=1))
+                                               "weights": args.weights, "cases": report}, indent=1))
     return 0
 
 
