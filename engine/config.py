@@ -52,9 +52,9 @@ class EngineConfig:
     # Sample codebook 0 over the whole vocabulary as the reference does, instead of over the
     # semantic tokens and <|im_end|> only (slower: reads the full 155,776-row output matrix).
     exact_sampling: bool = False
-    # CUDA: the GPU worker thread's own work (prefill, copies, graph launches) goes on a
-    # high-priority stream, ahead of the codec's and reference encodes' low-priority ones
-    # (Synthesizer.claim_thread says what it does and does not reach).
+    # CUDA: the GPU worker thread's own work (prefill, copies) and its step graphs go on
+    # high-priority streams, ahead of the codec's and reference encodes' low-priority ones
+    # (Synthesizer.claim_thread).
     decode_priority: bool = False  # off by default: see docs/PERFORMANCE.md for both sides of it
     # Python's GIL switch interval (its default is 5 ms), set process-wide when the engine starts;
     # 0 = leave it as it is. The GPU worker thread, which launches every step, waits up to this long

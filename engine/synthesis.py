@@ -102,10 +102,10 @@ class Synthesizer:
         The thread's eager work (the prefill of admitted requests, copies) then outranks the codec
         chunks and reference encodes, which run on streams of the lowest priority: whenever SMs
         free up, the block scheduler starts its kernels before more blocks of a codec kernel
-        (64 streams in process on an H100: 304-316 -> 323-327 audio-s/s). CUDA graphs are another
-        matter: torch >= 2.10 instantiates them with node priorities, so a graph's kernels keep the
-        priority of the stream it was captured on, and the decode-step graphs, captured on a
-        stream of the default priority, do not outrank the codec's (docs/PERFORMANCE.md)."""
+        (64 streams in process on an H100: 304-316 -> 323-327 audio-s/s). CUDA graphs keep the
+        priority of the stream they were captured on (torch >= 2.10 instantiates them with node
+        priorities), so the step runner captures its graphs at the current stream's priority: the
+        decode steps then outrank the codec's graphs too (not yet measured; docs/PERFORMANCE.md)."""
         device = self.models.placement.device
         if device.type != "cuda" or not self.decode_priority:
             return

@@ -245,6 +245,7 @@ def test_a_new_engine_captures_larger_batches_when_demanded_or_idle(tmp_path, mo
         assert worker_priority < synth.codec_runner.stream.priority
         assert worker_priority < synth.reference_encoder._stream.priority
         engine.warmup()
+        assert synth.runner._capture_stream.priority == worker_priority  # the step graphs rank as the worker
         assert engine.stats()["slots_ready"] == 1
         params = [SamplingParams(max_new_tokens=6 + i, seed=200 + i) for i in range(8)]
         texts = [f"Request {i} of a fresh engine." for i in range(8)]

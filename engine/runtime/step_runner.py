@@ -215,7 +215,9 @@ class StepRunner:
     def _capture(self, batch: int, kv: int) -> None:
         args = (self._views[batch], self.key_positions[:kv])
         self.state.positions.zero_()
-        self._capture_stream = self._capture_stream or torch.cuda.Stream()
+        # A graph's kernels keep the priority of the stream they were captured on (torch >= 2.10
+        # instantiates graphs with node priorities): the caller's, so that steps rank as it does.
+        self._capture_stream = self._capture_stream or torch.cuda.Stream(priority=torch.cuda.current_stream().priority)
         with torch.inference_mode():  # the first warm-up call compiles this bucket's regions
             graph, _ = capture(lambda: self._step(*args), self._capture_stream, self._pool)
         self._pool = graph.pool()
