@@ -99,6 +99,13 @@ def _linears_quantized_in(mode: str):
     return lambda module, name: isinstance(module, torch.nn.Linear) and not name.endswith(kept)
 
 
+def int8_rows(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """rows (R, D) as int8 with one fp32 scale per row (absmax / 127): (int8 (R, D), scale (R, 1))."""
+    rows = rows.float()
+    scale = rows.abs().amax(dim=1, keepdim=True).clamp_min(1e-12) / 127
+    return torch.round(rows / scale).clamp(-127, 127).to(torch.int8), scale
+
+
 class Int8RowEmbedding(torch.nn.Module):
     """An embedding table in int8 with one scale per row (absmax / 127); a lookup dequantizes only
     the rows it reads."""
@@ -116,9 +123,8 @@ class Int8RowEmbedding(torch.nn.Module):
         weight = torch.empty(table.shape, dtype=torch.int8, device=table.device)
         scale = torch.empty(table.shape[0], 1, dtype=table.dtype, device=table.device)
         for start in range(0, table.shape[0], cls.QUANTIZE_ROWS):
-            rows = table[start:start + cls.QUANTIZE_ROWS].float()
-            row_scale = rows.abs().amax(dim=1, keepdim=True).clamp_min(1e-12) / 127
-            weight[start:start + cls.QUANTIZE_ROWS] = torch.round(rows / row_scale).clamp(-127, 127).to(torch.int8)
+            rows, row_scale = int8_rows(table[start:start + cls.QUANTIZE_ROWS])
+            weight[start:start + cls.QUANTIZE_ROWS] = rows
             scale[start:start + cls.QUANTIZE_ROWS] = row_scale.to(table.dtype)
         return cls(weight, scale)
 

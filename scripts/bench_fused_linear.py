@@ -28,6 +28,7 @@ import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from engine.model import fused_linear as kernel  # noqa: E402
+from engine.quantization import int8_rows  # noqa: E402
 from graph_timing import microseconds_per_call  # noqa: E402  (this script's folder)
 
 # name: (K, N, RMSNorm before, gated, residual after)
@@ -57,12 +58,6 @@ def plain(x, weight, norm_weight, residual, eps, gated, weight_scale=None):
     return y if residual is None else residual + y
 
 
-def int8_rows(weight):
-    """weight as int8 with one fp32 scale per row (absmax / 127)."""
-    scale = weight.float().abs().amax(dim=1).clamp_min(1e-12) / 127
-    return torch.round(weight.float() / scale[:, None]).clamp(-127, 127).to(torch.int8), scale
-
-
 def operands(rows: int, depth: int, columns: int, norm: bool, gated: bool, residual: bool):
     """Inputs, a weight matrix per layer (CALLS of them: together larger than the L2 cache, so each
     call reads its weights from memory, as a step does), norm weights, residual, eps, gated."""
@@ -88,6 +83,7 @@ def main(argv=None) -> int:
         scales = [None] * CALLS
         if args.weights == "int8":
             weights, scales = zip(*[int8_rows(w) for w in weights], strict=True)
+            scales = [s.view(-1) for s in scales]
 
         def layer(i, x=x, weights=weights, scales=scales, rest=rest):  # operands of layer i's projection
             return (x, weights[i], *rest, scales[i])

@@ -4,6 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from engine import quantization
 from engine.model.dual_ar import Block, KVView, RMSNorm, rope_table
 
 pytestmark = pytest.mark.gpu
@@ -64,10 +65,9 @@ def test_bf16_is_as_close_to_fp32_as_the_plain_bf16_ops(shape):
 
 
 def int8_rows(weight):
-    """weight as int8 with one scale per row (absmax / 127), and the weight those give back."""
-    scale = weight.float().abs().amax(dim=1).clamp_min(1e-12) / 127
-    q = torch.round(weight.float() / scale[:, None]).clamp(-127, 127).to(torch.int8)
-    return q, scale, (q.float() * scale[:, None])
+    """weight as int8 with one scale per row, the scales (R,), and the weight those give back."""
+    q, scale = quantization.int8_rows(weight)
+    return q, scale.view(-1), q.float() * scale
 
 
 @pytest.mark.parametrize("shape", SHAPES[:4] + SHAPES[-1:])
@@ -147,16 +147,12 @@ def test_a_fused_output_head_equals_the_plain_one_and_more_rows_take_the_plain_o
 
 
 def quantize_block_int8(block):
-    from engine import quantization
-
     block.feed_forward.fuse_gate_up(as_linear=True)
     quantization._torchao().quantize_(block, quantization._config("int8"))
 
 
 def test_int8_weights_take_the_kernels_and_other_quantized_or_biased_ones_keep_the_plain_projections():
     pytest.importorskip("torchao")
-    from engine import quantization
-
     block = full_size_block(torch.bfloat16)
     quantize_block_int8(block)
     assert block.use_fused_projections()
