@@ -1,77 +1,116 @@
-"""The decode step's Triton attention kernel against PyTorch's attention (CUDA with Triton only)."""
+"""The decode step's attention kernel (norms, RoPE, KV write and attention of one new token) against
+Attention.attend's plain path (CUDA with Triton only)."""
 
 import pytest
 import torch
+
+from engine.model.dual_ar import Attention, KVView, rope_table
 
 pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available():
     pytest.skip("needs CUDA", allow_module_level=True)
 attention_kernel = pytest.importorskip("engine.model.decode_attention", reason="needs Triton")
 
+SLOW = dict(n_heads=16, kv_heads=8, head_dim=128, qk_norm=True, capacity=4096)  # S1-mini's layers
+FAST = dict(n_heads=16, kv_heads=8, head_dim=64, qk_norm=False, capacity=10)
 
-def ragged_case(batch, kv_len, dtype, capacity=4096, kv_heads=8, group=2, head_dim=128, seed=0):
-    """q and strided (B, H_kv, kv_len, D) views of a larger cache, lengths from 1 to kv_len."""
+
+def attention_case(batch, n_keys, dtype, n_heads, kv_heads, head_dim, qk_norm, capacity, positions=None, seed=0):
+    """An Attention module (only its norms matter), one projected token per row, caches, positions."""
     gen = torch.Generator(device="cuda").manual_seed(seed)
-    q = torch.randn(batch, kv_heads, group, head_dim, device="cuda", generator=gen).to(dtype)
-    cache_k, cache_v = (torch.randn(batch, kv_heads, capacity, head_dim, device="cuda", generator=gen).to(dtype)
-                        for _ in range(2))
-    lengths = torch.randint(1, kv_len + 1, (batch,), device="cuda", generator=gen)
-    if batch > 1:
-        lengths[0], lengths[-1] = 1, kv_len
-    return q, cache_k[:, :, :kv_len], cache_v[:, :, :kv_len], lengths
+
+    def randn(*shape):
+        return torch.randn(*shape, device="cuda", generator=gen)
+
+    attn = Attention(n_heads * head_dim, n_heads, kv_heads, head_dim, 1e-6, qk_norm, False, False).cuda()
+    if qk_norm:
+        attn.q_norm.weight.data = 1 + 0.1 * randn(head_dim)
+        attn.k_norm.weight.data = 1 + 0.1 * randn(head_dim)
+    attn = attn.to(dtype)
+    qkv = randn(batch, (n_heads + 2 * kv_heads) * head_dim).to(dtype)
+    k_cache, v_cache = (randn(batch, kv_heads, capacity, head_dim).to(dtype) for _ in range(2))
+    if positions is None:
+        positions = torch.randint(0, n_keys, (batch,), device="cuda", generator=gen)
+        positions[-1] = n_keys - 1
+    rope = rope_table(capacity, head_dim, 1e6).cuda()[positions][:, None]
+    return attn, qkv, rope, k_cache, v_cache, positions
 
 
-def sdpa_reference(q, keys, values, lengths):
-    mask = torch.arange(keys.shape[2], device="cuda") < lengths[:, None, None, None]
-    return torch.nn.functional.scaled_dot_product_attention(
-        q.float(), keys.float(), values.float(), attn_mask=mask.expand(-1, 1, q.shape[2], -1))
+def plain(attn, qkv, rope, k_cache, v_cache, positions, n_keys):
+    """Attention.attend outside compilation (SDPA), on copies of the caches: (out, k_cache, v_cache)."""
+    k_cache, v_cache = k_cache.clone(), v_cache.clone()
+    keys = torch.arange(n_keys, device="cuda")
+    kv = KVView(k_cache, v_cache, positions[:, None], keys, keys <= positions[:, None, None, None])
+    return attn.attend(qkv[:, None], rope, kv)[:, 0], k_cache, v_cache
 
 
-@pytest.mark.parametrize("batch, kv_len", [(1, 256), (1, 1024), (5, 300), (64, 1024)])
-def test_fp32_equals_sdpa_over_each_rows_live_keys(batch, kv_len):
-    q, keys, values, lengths = ragged_case(batch, kv_len, torch.float32)
-    out = attention_kernel.decode_attention(q, keys, values, lengths)
-    torch.testing.assert_close(out, sdpa_reference(q, keys, values, lengths), rtol=1e-5, atol=1e-5)
+def kernel(attn, qkv, rope, k_cache, v_cache, positions, n_keys):
+    """The kernel on copies of the caches: (out, k_cache, v_cache)."""
+    k_cache, v_cache = k_cache.clone(), v_cache.clone()
+    norms = (attn.q_norm.weight, attn.k_norm.weight, attn.q_norm.eps) if attn.q_norm is not None else (None, None, 0.0)
+    out = attention_kernel.decode_attention(qkv, *norms, rope.reshape(qkv.shape[0], -1), k_cache, v_cache,
+                                            positions, n_keys, attn.n_head)
+    return out, k_cache, v_cache
 
 
-def test_bf16_is_as_close_to_fp32_as_the_written_out_attention():
-    """bf16 inputs: the kernel's error against an fp32 reference is of the size the PyTorch-ops
-    attention of the compiled step (dual_ar.one_query_attention) makes."""
-    from engine.model.dual_ar import one_query_attention
-
-    q, keys, values, lengths = ragged_case(16, 512, torch.bfloat16)
-    reference = sdpa_reference(q, keys, values, lengths)
-    mask = (torch.arange(512, device="cuda") < lengths[:, None, None, None]).expand(-1, 1, 2, -1)
-    ops_error = (one_query_attention(q, keys, values, mask).float() - reference).abs().max()
-    kernel = attention_kernel.decode_attention(q, keys, values, lengths)
-    assert kernel.dtype == torch.bfloat16
-    assert (kernel.float() - reference).abs().max() <= 2 * ops_error
+@pytest.mark.parametrize("batch, n_keys, shape", [(1, 512, SLOW), (1, 1024, SLOW), (5, 300, SLOW), (64, 1024, SLOW),
+                                                  (1, 4, FAST), (1, 10, FAST), (7, 6, FAST)])
+def test_fp32_equals_the_plain_path(batch, n_keys, shape):
+    case = attention_case(batch, n_keys, torch.float32, **shape)
+    for got, expected in zip(kernel(*case, n_keys), plain(*case, n_keys), strict=True):
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
 
 
-def test_lengths_past_the_bucket_attend_the_whole_bucket():
-    q, keys, values, lengths = ragged_case(4, 384, torch.float32)
-    expected = attention_kernel.decode_attention(q, keys, values, torch.full_like(lengths, 384))
-    assert torch.equal(attention_kernel.decode_attention(q, keys, values, torch.full_like(lengths, 4096)), expected)
+@pytest.mark.parametrize("shape", [SLOW, FAST])
+def test_bf16_is_as_close_to_fp32_as_the_plain_bf16_path(shape):
+    n_keys = 512 if shape is SLOW else 10
+    case = attention_case(16, n_keys, torch.bfloat16, **shape)
+    attn, *tensors = case
+    reference = plain(attn.float(), *(t if t.dtype == torch.int64 else t.float() for t in tensors), n_keys)
+    attn = attn.to(torch.bfloat16)
+    ops = plain(attn, *tensors, n_keys)
+    got = kernel(attn, *tensors, n_keys)
+    assert got[0].dtype == torch.bfloat16
+    for name, g, o, r in zip(("out", "keys", "values"), got, ops, reference, strict=True):
+        assert (g.float() - r).abs().max() <= 2 * (o.float() - r).abs().max() + 1e-6, name
 
 
-def test_keys_past_a_rows_length_are_never_read():
-    """NaNs past every row's length change nothing: those keys and values are not touched."""
-    q, keys, values, lengths = ragged_case(8, 512, torch.bfloat16)
-    expected = attention_kernel.decode_attention(q, keys, values, lengths)
-    past = torch.arange(512, device="cuda")[None, None, :, None] >= lengths[:, None, None, None]
-    poisoned = [t.masked_fill(past, float("nan")) for t in (keys, values)]
-    assert torch.equal(attention_kernel.decode_attention(q, *poisoned, lengths), expected)
+def test_only_the_new_position_of_each_row_is_written():
+    attn, qkv, rope, k_cache, v_cache, positions = attention_case(4, 384, torch.float32, **SLOW)
+    _, k_new, v_new = kernel(attn, qkv, rope, k_cache, v_cache, positions, 384)
+    written = torch.zeros_like(k_cache, dtype=torch.bool)
+    written[torch.arange(4, device="cuda"), :, positions] = True
+    assert torch.equal(k_new[~written], k_cache[~written]) and torch.equal(v_new[~written], v_cache[~written])
+    assert not torch.equal(k_new[written], k_cache[written])
 
 
-def test_compiles_into_a_cuda_graph():
-    q, keys, values, lengths = ragged_case(4, 512, torch.bfloat16)
-    expected = attention_kernel.decode_attention(q, keys, values, lengths)
-    compiled = torch.compile(attention_kernel.decode_attention, fullgraph=True, dynamic=True)
-    compiled(q, keys, values, lengths)
+def test_keys_past_a_rows_position_are_never_read():
+    """NaNs past every row's new position change nothing: those keys and values are not touched."""
+    attn, qkv, rope, k_cache, v_cache, positions = attention_case(8, 512, torch.bfloat16, **SLOW)
+    expected = kernel(attn, qkv, rope, k_cache, v_cache, positions, 512)[0]
+    past = torch.arange(4096, device="cuda")[None, None, :, None] >= positions[:, None, None, None]
+    poisoned = [t.masked_fill(past, float("nan")) for t in (k_cache, v_cache)]
+    assert torch.equal(kernel(attn, qkv, rope, *poisoned, positions, 512)[0], expected)
+
+
+def test_compiles_into_a_cuda_graph_that_reads_positions_at_replay():
+    attn, qkv, rope, k_cache, v_cache, positions = attention_case(4, 512, torch.bfloat16, **SLOW)
+    norms = (attn.q_norm.weight, attn.k_norm.weight, attn.q_norm.eps)
+    rope_rows = rope.reshape(4, -1)
+
+    def step(qkv, rope_rows, k_cache, v_cache, positions):
+        return attention_kernel.decode_attention(qkv, *norms, rope_rows, k_cache, v_cache, positions, 512, 16)
+
+    compiled = torch.compile(step, fullgraph=True, dynamic=True)
+    k_graph, v_graph = k_cache.clone(), v_cache.clone()
+    compiled(qkv, rope_rows, k_graph, v_graph, positions)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        out = compiled(q, keys, values, lengths)
-    lengths.fill_(512)  # a replay reads the lengths as they are then
+        out = compiled(qkv, rope_rows, k_graph, v_graph, positions)
+    positions.fill_(511)  # a replay reads the positions as they are then, and writes there
+    k_graph.copy_(k_cache)
+    v_graph.copy_(v_cache)
     graph.replay()
-    torch.testing.assert_close(out, attention_kernel.decode_attention(q, keys, values, lengths))
-    assert not torch.equal(out, expected)
+    expected, k_expected, v_expected = kernel(attn, qkv, rope, k_cache, v_cache, positions, 512)
+    torch.testing.assert_close(out, expected)
+    assert torch.equal(k_graph, k_expected) and torch.equal(v_graph, v_expected)

@@ -1,19 +1,23 @@
-"""One query per head attending over each row's own live keys: a Triton kernel for the decode step.
+"""One new token per row attending over the row's own live keys: a Triton kernel for the decode step.
 
-A batched decode step reads the KV cache up to a bucket that covers its longest row. Written in
-PyTorch ops (dual_ar.one_query_attention), every row reads the whole bucket, with scores, softmax
-and P x V as three kernels; at batch 64 and bucket 1024 they took 3.7 of the step's 7.7 ms on an
-H100 (docs/PERFORMANCE.md). Here each row reads only its live keys (0..length-1), once.
+A decode step adds one token per row. After its QKV projection, Attention.attend normalises the
+query and key heads (q/k RMSNorm), rotates them (RoPE), writes the key and value into the KV cache
+and attends; compiled by Inductor that was five to seven small kernels per layer (~8 us of a slow
+layer's 33 at batch 1 on an H100) before any attention. Here one kernel does it all, reading only
+each row's live keys (0..position), once; written in PyTorch ops (dual_ar.one_query_attention)
+every row read the whole KV bucket.
 
-Split-KV ("flash decoding"): program (row, kv head, split) attends the group of query heads that
-share the kv head over one split of SPLIT_KEYS keys and writes its normalised partial output and
-log-sum-exp; a second kernel merges the splits. A split past a row's length reads no keys and
-weighs nothing in the merge. The number of splits depends on the bucket (and on a batch of one
-row, whose graph is compiled apart), so one compiled graph serves every batch size above one.
+Split-KV ("flash decoding"): program (row, kv head, split) normalises and rotates the group of query
+heads that share the kv head, attends them over one split of SPLIT_KEYS keys and writes its
+normalised partial output and log-sum-exp; a second kernel merges the splits. The split holding the
+row's new position writes its key and value into the cache. A split past a row's position reads no
+keys and weighs nothing in the merge. The number of splits depends on the bucket (and on a batch of
+one row, whose graph is compiled apart), so one compiled graph serves every batch size above one. A
+cache of at most MAX_DIRECT_KEYS positions (the fast transformer's 10) is one split per kv head,
+which writes the output itself: one kernel, no merge.
 
 Registered as a torch.library.triton_op so that Inductor compiles it into the step's graph (and
-CUDA graphs capture it). The compiled step's slow layers use it; the fast layers attend at most 10
-keys, where it saved nothing (docs/PERFORMANCE.md). Importing this module needs Triton and torch >= 2.6.
+CUDA graphs capture it). Importing this module needs Triton and torch >= 2.6.
 """
 
 from __future__ import annotations
@@ -30,31 +34,69 @@ from torch.library import triton_op, wrap_triton
 SPLIT_KEYS, ONE_ROW_SPLIT_KEYS, BLOCK_KEYS = 256, 64, 64
 NUM_WARPS, NUM_STAGES = 4, 2
 MIN_DOT = 16  # tl.dot's smallest dimension: the query group (2 heads for S1-mini) is padded to it
+MAX_DIRECT_KEYS = 64  # caches up to this capacity are attended by one program per kv head, unsplit
 
 
 @triton.jit
-def _attend_split(q_ptr, k_ptr, v_ptr, lengths_ptr, partial_ptr, lse_ptr, n_keys,
-                  q_stride_b, q_stride_h, q_stride_g,
-                  k_stride_b, k_stride_h, k_stride_l,
-                  v_stride_b, v_stride_h, v_stride_l,
-                  scale_log2: tl.constexpr, group: tl.constexpr, rows: tl.constexpr, head_dim: tl.constexpr,
-                  split_keys: tl.constexpr, block_keys: tl.constexpr, ieee: tl.constexpr):
+def _rms_norm_rows(x, weight_ptr, d, eps, head_dim: tl.constexpr, dtype: tl.constexpr):
+    """dual_ar.RMSNorm over the last dim of x (fp32, [..., head_dim]): normalised in fp32, rounded,
+    scaled by the weight and rounded, as the eager module rounds."""
+    inv_rms = tl.rsqrt(tl.sum(x * x, -1) / head_dim + eps)
+    scale = tl.load(weight_ptr + d).to(tl.float32)
+    return ((x * tl.expand_dims(inv_rms, -1)).to(dtype).to(tl.float32) * scale).to(dtype).to(tl.float32)
+
+
+@triton.jit
+def _rotate(x, cos, sin, rows: tl.constexpr, head_dim: tl.constexpr, dtype: tl.constexpr):
+    """dual_ar.apply_rope on x (fp32, [rows, head_dim]): interleaved pairs rotated in fp32, rounded."""
+    x0, x1 = tl.split(tl.reshape(x, [rows, head_dim // 2, 2]))
+    return tl.interleave(x0 * cos - x1 * sin, x1 * cos + x0 * sin).to(dtype)
+
+
+@triton.jit
+def _attend_split(qkv_ptr, q_norm_ptr, k_norm_ptr, eps, rope_ptr, positions_ptr, k_ptr, v_ptr,
+                  partial_ptr, lse_ptr, out_ptr, n_keys, qkv_stride_b, rope_stride_b,
+                  k_stride_b, k_stride_h, k_stride_l, v_stride_b, v_stride_h, v_stride_l,
+                  scale_log2: tl.constexpr, n_heads: tl.constexpr, kv_heads: tl.constexpr, group: tl.constexpr,
+                  rows: tl.constexpr, head_dim: tl.constexpr, has_qk_norm: tl.constexpr,
+                  split_keys: tl.constexpr, block_keys: tl.constexpr, ieee: tl.constexpr, direct: tl.constexpr):
     b, h, split = tl.program_id(0).to(tl.int64), tl.program_id(1), tl.program_id(2)
+    dtype = qkv_ptr.dtype.element_ty
+    position = tl.load(positions_ptr + b)
     start = split * split_keys
-    end = tl.minimum(start + split_keys, tl.minimum(tl.load(lengths_ptr + b), n_keys))  # none when start >= end
+    end = tl.minimum(start + split_keys, tl.minimum(position + 1, n_keys))  # none when start >= end
     g = tl.arange(0, rows)
     d = tl.arange(0, head_dim)
-    q = tl.load(q_ptr + b * q_stride_b + h * q_stride_h + g[:, None] * q_stride_g + d[None, :],
-                mask=(g < group)[:, None], other=0.0)
+    # The new token: its query heads (h * group ..), key and value, normed and rotated as Attention.attend does.
+    row = qkv_ptr + b * qkv_stride_b
+    q = tl.load(row + (h * group + g[:, None]) * head_dim + d[None, :], mask=(g < group)[:, None], other=0.0)
+    k_new = tl.load(row + (n_heads + h) * head_dim + d[None, :]).to(tl.float32)  # [1, head_dim]
+    v_new = tl.load(row + (n_heads + kv_heads + h) * head_dim + d[None, :])
+    q = q.to(tl.float32)
+    if has_qk_norm:
+        q = _rms_norm_rows(q, q_norm_ptr, d, eps, head_dim, dtype)
+        k_new = _rms_norm_rows(k_new, k_norm_ptr, d, eps, head_dim, dtype)
+    half = tl.arange(0, head_dim // 2)
+    cos = tl.load(rope_ptr + b * rope_stride_b + 2 * half).to(tl.float32)
+    sin = tl.load(rope_ptr + b * rope_stride_b + 2 * half + 1).to(tl.float32)
+    q = _rotate(q, cos, sin, rows, head_dim, dtype)
+    k_new = _rotate(k_new, cos, sin, 1, head_dim, dtype)
     k_base = k_ptr + b * k_stride_b + h * k_stride_h
     v_base = v_ptr + b * v_stride_b + h * v_stride_h
+    # The split holding the new position writes its key and value into the cache; inside this
+    # program they are taken from registers, as other threads' stores need not be visible yet.
+    writes = (position >= start) & (position < start + split_keys) & (position < n_keys) & (d[None, :] < head_dim)
+    tl.store(k_base + position * k_stride_l + d[None, :], k_new, mask=writes)
+    tl.store(v_base + position * v_stride_l + d[None, :], v_new, mask=writes)
     running_max = tl.full([rows], float("-inf"), tl.float32)
     running_sum = tl.zeros([rows], tl.float32)
     acc = tl.zeros([rows, head_dim], tl.float32)
     for first in range(start, end, block_keys):
         n = first + tl.arange(0, block_keys)
         live = n < end
-        k = tl.load(k_base + n[:, None] * k_stride_l + d[None, :], mask=live[:, None], other=0.0)
+        is_new = (n == position)[:, None]
+        k = tl.load(k_base + n[:, None] * k_stride_l + d[None, :], mask=live[:, None] & ~is_new, other=0.0)
+        k = tl.where(is_new, k_new, k)
         if ieee:
             scores = tl.dot(q, tl.trans(k), input_precision="ieee")
         else:
@@ -64,20 +106,25 @@ def _attend_split(q_ptr, k_ptr, v_ptr, lengths_ptr, partial_ptr, lse_ptr, n_keys
         probs = tl.exp2(scores - new_max[:, None])
         rescale = tl.exp2(running_max - new_max)
         running_sum = running_sum * rescale + tl.sum(probs, 1)
-        v = tl.load(v_base + n[:, None] * v_stride_l + d[None, :], mask=live[:, None], other=0.0)
+        v = tl.load(v_base + n[:, None] * v_stride_l + d[None, :], mask=live[:, None] & ~is_new, other=0.0)
+        v = tl.where(is_new, v_new, v)
         if ieee:
             acc = acc * rescale[:, None] + tl.dot(probs.to(v.dtype), v, input_precision="ieee")
         else:
             acc = acc * rescale[:, None] + tl.dot(probs.to(v.dtype), v)
         running_max = new_max
-    # A split past the row's length stores lse -inf and zeros: it weighs nothing in the merge.
-    attended = running_sum > 0
-    safe_sum = tl.where(attended, running_sum, 1.0)
-    out_offset = ((b * tl.num_programs(1) + h) * tl.num_programs(2) + split) * group
-    tl.store(lse_ptr + out_offset + g, tl.where(attended, running_max + tl.log2(safe_sum), float("-inf")),
-             mask=g < group)
-    tl.store(partial_ptr + (out_offset + g[:, None]) * head_dim + d[None, :],
-             tl.where(attended[:, None], acc / safe_sum[:, None], 0.0), mask=(g < group)[:, None])
+    if direct:  # one split: the output itself, (B, n_heads * head_dim)
+        tl.store(out_ptr + (b * n_heads + h * group + g[:, None]) * head_dim + d[None, :],
+                 (acc / running_sum[:, None]).to(dtype), mask=(g < group)[:, None])
+    else:
+        # A split past the row's length stores lse -inf and zeros: it weighs nothing in the merge.
+        attended = running_sum > 0
+        safe_sum = tl.where(attended, running_sum, 1.0)
+        out_offset = ((b * kv_heads + h) * tl.num_programs(2) + split) * group
+        tl.store(lse_ptr + out_offset + g, tl.where(attended, running_max + tl.log2(safe_sum), float("-inf")),
+                 mask=g < group)
+        tl.store(partial_ptr + (out_offset + g[:, None]) * head_dim + d[None, :],
+                 tl.where(attended[:, None], acc / safe_sum[:, None], 0.0), mask=(g < group)[:, None])
 
 
 @triton.jit
@@ -98,34 +145,54 @@ def _merge_splits(partial_ptr, lse_ptr, out_ptr, splits, group: tl.constexpr, he
     tl.store(out_ptr + (row * group + g) * head_dim + d, (acc / total).to(out_ptr.dtype.element_ty))
 
 
-def supports(q: Tensor) -> bool:
-    """Whether the kernel takes q (B, H_kv, G, D): on CUDA, D a power of two that tl.dot accepts."""
-    head_dim = q.shape[-1]
-    return q.is_cuda and head_dim >= MIN_DOT and head_dim & (head_dim - 1) == 0
+def supports(head_dim: int, device: torch.device) -> bool:
+    """Whether the kernel serves heads of this size: on CUDA, a power of two that tl.dot accepts."""
+    return device.type == "cuda" and head_dim >= MIN_DOT and head_dim & (head_dim - 1) == 0
 
 
-@triton_op("s1mini::decode_attention", mutates_args={})
-def decode_attention(q: Tensor, keys: Tensor, values: Tensor, lengths: Tensor) -> Tensor:
-    """q (B, H_kv, G, D): the G query heads sharing each kv head; keys, values (B, H_kv, L, D) with
-    unit stride on D; lengths (B,) int >= 1: row b attends keys 0..min(lengths[b], L)-1.
-    Returns (B, H_kv, G, D) in q's dtype; scores, softmax and sums in fp32."""
-    batch, kv_heads = q.shape[:2]
-    group, head_dim = int(q.shape[2]), int(q.shape[3])  # compile-time constants of the kernels
-    split_keys = ONE_ROW_SPLIT_KEYS if statically_known_true(batch == 1) else SPLIT_KEYS
-    splits = triton.cdiv(keys.shape[2], split_keys)
-    torch._check(keys.stride(3) == 1 and values.stride(3) == 1, lambda: "keys and values need unit stride on D")
-    q, lengths = q.contiguous(), lengths.contiguous()
-    partial = torch.empty((batch, kv_heads, splits, group, head_dim), device=q.device, dtype=torch.float32)
-    lse = torch.empty((batch, kv_heads, splits, group), device=q.device, dtype=torch.float32)
+def launch(attend, merge, qkv: Tensor, q_norm: Tensor | None, k_norm: Tensor | None, eps: float, rope: Tensor,
+           k_cache: Tensor, v_cache: Tensor, positions: Tensor, n_keys, n_heads: int, one_row: bool) -> Tensor:
+    """Run the kernels (_attend_split and _merge_splits, or them wrapped for Inductor); see decode_attention."""
+    batch, kv_heads, capacity, head_dim = k_cache.shape
+    group = n_heads // kv_heads
+    torch._check(k_cache.stride(3) == 1 and v_cache.stride(3) == 1, lambda: "the caches need unit stride on D")
+    qkv, rope, positions = qkv.contiguous(), rope.contiguous(), positions.contiguous()
+    out = torch.empty((batch, n_heads * head_dim), device=qkv.device, dtype=qkv.dtype)
+    # A cache that one program covers (the fast transformer's 10 positions) needs no merge.
+    direct = capacity <= MAX_DIRECT_KEYS
+    split_keys = triton.next_power_of_2(capacity) if direct else ONE_ROW_SPLIT_KEYS if one_row else SPLIT_KEYS
+    splits = 1 if direct else triton.cdiv(n_keys, split_keys)
+    if direct:  # nothing to merge: the kernel neither reads nor writes partial and lse
+        partial = lse = qkv
+    else:
+        partial = torch.empty((batch, kv_heads, splits, group, head_dim), device=qkv.device, dtype=torch.float32)
+        lse = torch.empty((batch, kv_heads, splits, group), device=qkv.device, dtype=torch.float32)
     log2e = 1.4426950408889634
-    wrap_triton(_attend_split)[(batch, kv_heads, splits)](
-        q, keys, values, lengths, partial, lse, keys.shape[2],
-        q.stride(0), q.stride(1), q.stride(2),
-        keys.stride(0), keys.stride(1), keys.stride(2),
-        values.stride(0), values.stride(1), values.stride(2),
-        scale_log2=head_dim ** -0.5 * log2e, group=group, rows=max(MIN_DOT, triton.next_power_of_2(group)),
-        head_dim=head_dim, split_keys=split_keys, block_keys=BLOCK_KEYS, ieee=q.dtype == torch.float32,
-        num_warps=NUM_WARPS, num_stages=NUM_STAGES)
-    out = torch.empty_like(q)
-    wrap_triton(_merge_splits)[(batch * kv_heads, group)](partial, lse, out, splits, group=group, head_dim=head_dim)
+    attend[(batch, kv_heads, splits)](
+        qkv, qkv if q_norm is None else q_norm, qkv if k_norm is None else k_norm, eps, rope, positions,
+        k_cache, v_cache, partial, lse, out, n_keys, qkv.stride(0), rope.stride(0),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        scale_log2=head_dim ** -0.5 * log2e, n_heads=n_heads, kv_heads=kv_heads, group=group,
+        rows=max(MIN_DOT, triton.next_power_of_2(group)), head_dim=head_dim, has_qk_norm=q_norm is not None,
+        split_keys=split_keys, block_keys=min(BLOCK_KEYS, split_keys), ieee=qkv.dtype == torch.float32,
+        direct=direct, num_warps=NUM_WARPS, num_stages=NUM_STAGES)
+    if not direct:
+        merge[(batch * kv_heads, group)](partial, lse, out, splits, group=group, head_dim=head_dim)
     return out
+
+
+@triton_op("s1mini::decode_attention", mutates_args={"k_cache", "v_cache"})
+def decode_attention(qkv: Tensor, q_norm: Tensor | None, k_norm: Tensor | None, eps: float, rope: Tensor,
+                     k_cache: Tensor, v_cache: Tensor, positions: Tensor, n_keys: int, n_heads: int) -> Tensor:
+    """One new token per row: the rest of Attention.attend after the QKV projection, in one kernel
+    (two when the keys are split).
+
+    qkv (B, (n_heads + 2 H_kv) D): the projected token, query heads then keys then values; q_norm,
+    k_norm (D,) RMSNorm weights or None (eps their epsilon); rope (B, D/2, 2) each row's [cos, sin]
+    at its position; k_cache, v_cache (B, H_kv, capacity, D) with unit stride on D; positions (B,)
+    int64. Row b's key and value are written at positions[b], then its queries attend keys
+    0..min(positions[b] + 1, n_keys) - 1. Returns (B, n_heads D) in qkv's dtype; scores, softmax
+    and sums in fp32."""
+    one_row = statically_known_true(qkv.shape[0] == 1)
+    return launch(wrap_triton(_attend_split), wrap_triton(_merge_splits), qkv, q_norm, k_norm, eps, rope,
+                  k_cache, v_cache, positions, n_keys, n_heads, one_row)

@@ -198,6 +198,16 @@ class Attention(nn.Module):
     def attend(self, qkv: Tensor, rope: Tensor, kv: KVView) -> Tensor:
         """qkv (B, S, (H + 2 H_kv) D) projected inputs -> (B, S, H D) attended values, before wo."""
         bsz, seqlen, _ = qkv.shape
+        if seqlen == 1 and torch.compiler.is_compiling() and attention_kernel is not None \
+                and attention_kernel.supports(self.head_dim, qkv.device):
+            # The compiled decode step: norms, RoPE, the KV write and attention over each row's own
+            # live keys (positions 0..p) in one kernel, where they were five to seven.
+            norms = (self.q_norm.weight, self.k_norm.weight, self.q_norm.eps) if self.q_norm is not None \
+                else (None, None, 0.0)
+            out = attention_kernel.decode_attention(
+                qkv.reshape(bsz, -1), *norms, rope.reshape(bsz, -1), kv.k, kv.v, kv.positions[:, 0],
+                kv.key_positions.shape[0], self.n_head)
+            return out.view(bsz, 1, -1)
         q_size, kv_size = self.n_head * self.head_dim, self.n_kv_heads * self.head_dim
         q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
         q = q.view(bsz, seqlen, self.n_head, self.head_dim)
@@ -221,11 +231,7 @@ class Attention(nn.Module):
         mask = kv.mask
         if mask is not None:
             mask = mask.expand(bsz, group, seqlen, kv_len).reshape(bsz, 1, group * seqlen, kv_len)
-        if seqlen == 1 and mask is not None and torch.compiler.is_compiling() \
-                and attention_kernel is not None and attention_kernel.supports(q):
-            # Each row reads its own live keys (positions 0..p) instead of the whole bucket.
-            out = attention_kernel.decode_attention(q, keys, values, kv.positions[:, 0] + 1)
-        elif seqlen == 1 and torch.compiler.is_compiling():
+        if seqlen == 1 and torch.compiler.is_compiling():  # compiled without the kernel (no Triton, or its head size)
             out = one_query_attention(q, keys, values, mask)
         else:
             out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
