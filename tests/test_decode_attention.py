@@ -23,6 +23,7 @@ def attention_case(batch, n_keys, dtype, n_heads, kv_heads, head_dim, qk_norm, c
         return torch.randn(*shape, device="cuda", generator=gen)
 
     attn = Attention(n_heads * head_dim, n_heads, kv_heads, head_dim, 1e-6, qk_norm, False, False).cuda()
+    attn.requires_grad_(False)  # as in the engine: no autograd through the kernel
     if qk_norm:
         attn.q_norm.weight.data = 1 + 0.1 * randn(head_dim)
         attn.k_norm.weight.data = 1 + 0.1 * randn(head_dim)

@@ -38,19 +38,24 @@ MAX_DIRECT_KEYS = 64  # caches up to this capacity are attended by one program p
 
 
 @triton.jit
-def _rms_norm_rows(x, weight_ptr, d, eps, head_dim: tl.constexpr, dtype: tl.constexpr):
-    """dual_ar.RMSNorm over the last dim of x (fp32, [..., head_dim]): normalised in fp32, rounded,
-    scaled by the weight and rounded, as the eager module rounds."""
-    inv_rms = tl.rsqrt(tl.sum(x * x, -1) / head_dim + eps)
-    scale = tl.load(weight_ptr + d).to(tl.float32)
-    return ((x * tl.expand_dims(inv_rms, -1)).to(dtype).to(tl.float32) * scale).to(dtype).to(tl.float32)
-
-
-@triton.jit
-def _rotate(x, cos, sin, rows: tl.constexpr, head_dim: tl.constexpr, dtype: tl.constexpr):
-    """dual_ar.apply_rope on x (fp32, [rows, head_dim]): interleaved pairs rotated in fp32, rounded."""
-    x0, x1 = tl.split(tl.reshape(x, [rows, head_dim // 2, 2]))
-    return tl.interleave(x0 * cos - x1 * sin, x1 * cos + x0 * sin).to(dtype)
+def _norm_and_rotate(ptr, rows, live, d, norm_ptr, eps, cos, sin, head_dim: tl.constexpr,
+                     has_norm: tl.constexpr, dtype: tl.constexpr):
+    """Heads `rows` of the token at ptr ([R, head_dim]) as Attention.attend makes them: RMSNorm
+    (normalised in fp32, rounded, scaled by the weight, rounded), then RoPE on interleaved pairs in
+    fp32, rounded. Each element's pair partner (d ^ 1) is loaded apart, so that the rotation is
+    elementwise: no reshaping of the head in registers."""
+    partner = d ^ 1
+    x = tl.load(ptr + rows[:, None] * head_dim + d[None, :], mask=live[:, None], other=0.0).to(tl.float32)
+    x_partner = tl.load(ptr + rows[:, None] * head_dim + partner[None, :], mask=live[:, None], other=0.0).to(tl.float32)
+    if has_norm:
+        inv_rms = tl.rsqrt(tl.sum(x * x, 1) / head_dim + eps)[:, None]
+        x = ((x * inv_rms).to(dtype).to(tl.float32) * tl.load(norm_ptr + d).to(tl.float32)[None, :]).to(dtype)
+        x_partner = ((x_partner * inv_rms).to(dtype).to(tl.float32)
+                     * tl.load(norm_ptr + partner).to(tl.float32)[None, :]).to(dtype)
+        x, x_partner = x.to(tl.float32), x_partner.to(tl.float32)
+    # (x[2i], x[2i+1]) -> (x[2i] cos_i - x[2i+1] sin_i, x[2i+1] cos_i + x[2i] sin_i)
+    odd = (d & 1)[None, :] == 1
+    return tl.where(odd, x * cos + x_partner * sin, x * cos - x_partner * sin).to(dtype)
 
 
 @triton.jit
@@ -67,36 +72,28 @@ def _attend_split(qkv_ptr, q_norm_ptr, k_norm_ptr, eps, rope_ptr, positions_ptr,
     end = tl.minimum(start + split_keys, tl.minimum(position + 1, n_keys))  # none when start >= end
     g = tl.arange(0, rows)
     d = tl.arange(0, head_dim)
-    # The new token: its query heads (h * group ..), key and value, normed and rotated as Attention.attend does.
     row = qkv_ptr + b * qkv_stride_b
-    q = tl.load(row + (h * group + g[:, None]) * head_dim + d[None, :], mask=(g < group)[:, None], other=0.0)
-    k_new = tl.load(row + (n_heads + h) * head_dim + d[None, :]).to(tl.float32)  # [1, head_dim]
-    v_new = tl.load(row + (n_heads + kv_heads + h) * head_dim + d[None, :])
-    q = q.to(tl.float32)
-    if has_qk_norm:
-        q = _rms_norm_rows(q, q_norm_ptr, d, eps, head_dim, dtype)
-        k_new = _rms_norm_rows(k_new, k_norm_ptr, d, eps, head_dim, dtype)
-    half = tl.arange(0, head_dim // 2)
-    cos = tl.load(rope_ptr + b * rope_stride_b + 2 * half).to(tl.float32)
-    sin = tl.load(rope_ptr + b * rope_stride_b + 2 * half + 1).to(tl.float32)
-    q = _rotate(q, cos, sin, rows, head_dim, dtype)
-    k_new = _rotate(k_new, cos, sin, 1, head_dim, dtype)
+    cos = tl.load(rope_ptr + b * rope_stride_b + (d // 2) * 2).to(tl.float32)[None, :]
+    sin = tl.load(rope_ptr + b * rope_stride_b + (d // 2) * 2 + 1).to(tl.float32)[None, :]
+    # This kv head's query heads (h * group ..), normed and rotated.
+    q = _norm_and_rotate(row, h * group + g, g < group, d, q_norm_ptr, eps, cos, sin, head_dim, has_qk_norm, dtype)
     k_base = k_ptr + b * k_stride_b + h * k_stride_h
     v_base = v_ptr + b * v_stride_b + h * v_stride_h
-    # The split holding the new position writes its key and value into the cache; inside this
-    # program they are taken from registers, as other threads' stores need not be visible yet.
-    writes = (position >= start) & (position < start + split_keys) & (position < n_keys) & (d[None, :] < head_dim)
-    tl.store(k_base + position * k_stride_l + d[None, :], k_new, mask=writes)
-    tl.store(v_base + position * v_stride_l + d[None, :], v_new, mask=writes)
+    if (position >= start) & (position < start + split_keys) & (position < n_keys):
+        # The split holding the new position writes its key and value into the cache.
+        one = tl.arange(0, 1)
+        k_new = _norm_and_rotate(row, n_heads + h + one, one == 0, d, k_norm_ptr, eps, cos, sin, head_dim,
+                                 has_qk_norm, dtype)
+        tl.store(k_base + position * k_stride_l + d[None, :], k_new)
+        tl.store(v_base + position * v_stride_l + d, tl.load(row + (n_heads + kv_heads + h) * head_dim + d))
+    tl.debug_barrier()  # makes those stores visible to every thread of this program before the loads below
     running_max = tl.full([rows], float("-inf"), tl.float32)
     running_sum = tl.zeros([rows], tl.float32)
     acc = tl.zeros([rows, head_dim], tl.float32)
     for first in range(start, end, block_keys):
         n = first + tl.arange(0, block_keys)
         live = n < end
-        is_new = (n == position)[:, None]
-        k = tl.load(k_base + n[:, None] * k_stride_l + d[None, :], mask=live[:, None] & ~is_new, other=0.0)
-        k = tl.where(is_new, k_new, k)
+        k = tl.load(k_base + n[:, None] * k_stride_l + d[None, :], mask=live[:, None], other=0.0)
         if ieee:
             scores = tl.dot(q, tl.trans(k), input_precision="ieee")
         else:
@@ -106,8 +103,7 @@ def _attend_split(qkv_ptr, q_norm_ptr, k_norm_ptr, eps, rope_ptr, positions_ptr,
         probs = tl.exp2(scores - new_max[:, None])
         rescale = tl.exp2(running_max - new_max)
         running_sum = running_sum * rescale + tl.sum(probs, 1)
-        v = tl.load(v_base + n[:, None] * v_stride_l + d[None, :], mask=live[:, None] & ~is_new, other=0.0)
-        v = tl.where(is_new, v_new, v)
+        v = tl.load(v_base + n[:, None] * v_stride_l + d[None, :], mask=live[:, None], other=0.0)
         if ieee:
             acc = acc * rescale[:, None] + tl.dot(probs.to(v.dtype), v, input_precision="ieee")
         else:
