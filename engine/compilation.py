@@ -98,12 +98,6 @@ class CompilePolicy:
         return f"{mode} ({self.reason})"
 
 
-def pdl_requested() -> bool:
-    """Programmatic dependent launch unless turned off: Inductor's own switch turns it off for our
-    kernels too (our backend would otherwise set it over the user's choice)."""
-    return os.environ.get("TORCHINDUCTOR_ENABLE_PDL", "1") != "0"
-
-
 def _inductor_has_pdl() -> bool:
     import torch._inductor.config as inductor_config
 
@@ -139,7 +133,8 @@ def decide(mode: str, device: torch.device, env: Environment | None = None,
             raise DeviceError("--compile needs Triton, which is not installed here (on Windows: pip install "
                               "triton-windows matching your torch); use --no-compile to run eager")
         return CompilePolicy(False, True, f"no Triton on {env.os}: eager step in CUDA graphs")
-    pdl = pdl_requested()
+    # Inductor's own switch turns PDL off here too (our backend would otherwise set it over the user's choice).
+    pdl = os.environ.get("TORCHINDUCTOR_ENABLE_PDL", "1") != "0"
     fused = os.environ.get("S1_MINI_FUSED_PROJECTIONS", "1") != "0"  # 0: for comparisons (scripts/profile_step.py)
     return CompilePolicy(True, True, f"CUDA with Triton {env.triton} on {env.os}", compile_mode, quantize == "int8",
                          pdl, fused)

@@ -34,8 +34,6 @@ import triton.language as tl
 from torch import Tensor
 from torch.library import triton_op, wrap_triton
 
-from ..compilation import pdl_requested
-
 
 @dataclass(frozen=True)
 class Launch:
@@ -46,54 +44,23 @@ class Launch:
     block_k: int = 1024
     num_warps: int = 8
     num_stages: int = 1
-    pdl: bool = True  # programmatic dependent launch where pdl_available()
-
-
-def pdl_available(device: torch.device) -> bool:
-    """Whether the kernel launches with programmatic dependent launch: on compute capability 9.0
-    and newer, unless turned off like Inductor's (TORCHINDUCTOR_ENABLE_PDL=0)."""
-    return device.type == "cuda" and pdl_requested() and torch.cuda.get_device_capability(device) >= (9, 0)
-
-
-@triton.jit
-def _wait_for_inputs():
-    """Programmatic dependent launch (Hopper and newer): wait until the kernel before has finished
-    and its writes are visible, then let the kernel after start launching. Returns 0, which the
-    caller adds to the addresses of everything that kernel may have written, so that those loads
-    come after the wait; the weights, loaded before, stream in while the kernel before finishes.
-    Written as a pure op (PyTorch's analysis of which arguments a kernel writes gives up on impure
-    inline assembly and then assumes all are written, which costs copies)."""
-    return tl.inline_asm_elementwise("griddepcontrol.wait; griddepcontrol.launch_dependents; mov.u32 $0, 0;",
-                                     "=r", [], dtype=tl.int32, is_pure=True, pack=1)
 
 
 @triton.jit
 def _fused_linear(x_ptr, w_ptr, w_scale_ptr, norm_ptr, residual_ptr, out_ptr, eps,
                   K: tl.constexpr, N: tl.constexpr, has_w_scale: tl.constexpr, has_norm: tl.constexpr,
-                  gated: tl.constexpr, has_residual: tl.constexpr, block_n: tl.constexpr, block_k: tl.constexpr,
-                  pdl: tl.constexpr):
+                  gated: tl.constexpr, has_residual: tl.constexpr, block_n: tl.constexpr, block_k: tl.constexpr):
     n = tl.program_id(0) * block_n + tl.arange(0, block_n)
     k = tl.arange(0, block_k)
     live_n = n < N
     dtype = x_ptr.dtype.element_ty
-    # The first block of weights is loaded before anything the previous kernel writes (see _wait_for_inputs).
-    w_rows = w_ptr + n[:, None] * K
-    live = live_n[:, None] & (k < K)[None, :]
-    w_block = tl.load(w_rows + k[None, :], mask=live, other=0.0)
-    if gated:
-        up_block = tl.load(w_rows + N * K + k[None, :], mask=live, other=0.0)
-    if pdl:
-        after = _wait_for_inputs()
-    else:
-        after = 0
-    x_ptr += after
-    residual_ptr += after
     if has_norm:
         squares = tl.zeros([block_k], tl.float32)
         for k0 in range(0, K, block_k):
             xk = tl.load(x_ptr + k0 + k, mask=k0 + k < K, other=0.0).to(tl.float32)
             squares += xk * xk
         inv_rms = tl.rsqrt(tl.sum(squares, 0) / K + eps)
+    w_rows = w_ptr + n[:, None] * K
     products = tl.zeros([block_n, block_k], tl.float32)
     up_products = tl.zeros([block_n, block_k], tl.float32)
     for k0 in range(0, K, block_k):
@@ -103,15 +70,10 @@ def _fused_linear(x_ptr, w_ptr, w_scale_ptr, norm_ptr, residual_ptr, out_ptr, ep
             scale = tl.load(norm_ptr + k0 + k, mask=live_k, other=0.0).to(tl.float32)
             xk = ((xk.to(tl.float32) * inv_rms).to(dtype).to(tl.float32) * scale).to(dtype)
         xf = xk.to(tl.float32)[None, :]
-        products += w_block.to(tl.float32) * xf
+        live = live_n[:, None] & live_k[None, :]
+        products += tl.load(w_rows + k0 + k[None, :], mask=live, other=0.0).to(tl.float32) * xf
         if gated:
-            up_products += up_block.to(tl.float32) * xf
-        # The next block (none past K): in flight while this one's products are summed.
-        next_k = k0 + block_k + k
-        live = live_n[:, None] & (next_k < K)[None, :]
-        w_block = tl.load(w_rows + next_k[None, :], mask=live, other=0.0)
-        if gated:
-            up_block = tl.load(w_rows + N * K + next_k[None, :], mask=live, other=0.0)
+            up_products += tl.load(w_rows + N * K + k0 + k[None, :], mask=live, other=0.0).to(tl.float32) * xf
     sums = tl.sum(products, 1)
     up_sums = tl.sum(up_products, 1)
     if has_w_scale:  # int8 rows: one scale per output row (gate rows, then up rows)
@@ -136,13 +98,12 @@ def launch(kernel, x: Tensor, weight: Tensor, weight_scale: Tensor | None, norm_
     columns = weight.shape[0] // 2 if gated else weight.shape[0]
     x, weight = x.contiguous(), weight.contiguous()
     out = torch.empty((1, columns), device=x.device, dtype=x.dtype)
-    pdl = settings.pdl and pdl_available(x.device)
     kernel[(triton.cdiv(columns, settings.block_n),)](
         x, weight, x if weight_scale is None else weight_scale.contiguous(),
         x if norm_weight is None else norm_weight, x if residual is None else residual.contiguous(),
         out, eps, K=depth, N=columns, has_w_scale=weight_scale is not None, has_norm=norm_weight is not None,
         gated=gated, has_residual=residual is not None, block_n=settings.block_n,
-        block_k=min(settings.block_k, triton.next_power_of_2(depth)), pdl=pdl, launch_pdl=pdl,
+        block_k=min(settings.block_k, triton.next_power_of_2(depth)),
         num_warps=settings.num_warps, num_stages=settings.num_stages)
     return out
 
