@@ -198,17 +198,20 @@ class Attention(nn.Module):
     def attend(self, qkv: Tensor, rope: Tensor, kv: KVView) -> Tensor:
         """qkv (B, S, (H + 2 H_kv) D) projected inputs -> (B, S, H D) attended values, before wo."""
         bsz, seqlen, _ = qkv.shape
+        q_size, kv_size = self.n_head * self.head_dim, self.n_kv_heads * self.head_dim
+        batch_rows = torch.arange(bsz, device=qkv.device)[:, None]
         if seqlen == 1 and torch.compiler.is_compiling() and attention_kernel is not None \
                 and attention_kernel.supports(self.head_dim, qkv.device):
-            # The compiled decode step: norms, RoPE, the KV write and attention over each row's own
-            # live keys (positions 0..p) in one kernel, where they were five to seven.
+            # The compiled decode step: norms, RoPE and attention over each row's own live keys
+            # (positions 0..p) in one kernel, where they were five to seven; then the KV write.
             norms = (self.q_norm.weight, self.k_norm.weight, self.q_norm.eps) if self.q_norm is not None \
                 else (None, None, 0.0)
-            out = attention_kernel.decode_attention(
+            out, k = attention_kernel.decode_attention(
                 qkv.reshape(bsz, -1), *norms, rope.reshape(bsz, -1), kv.k, kv.v, kv.positions[:, 0],
                 kv.key_positions.shape[0], self.n_head)
+            kv.k[batch_rows, :, kv.positions] = k.view(bsz, 1, self.n_kv_heads, self.head_dim)
+            kv.v[batch_rows, :, kv.positions] = qkv[..., q_size + kv_size:].view(bsz, 1, self.n_kv_heads, self.head_dim)
             return out.view(bsz, 1, -1)
-        q_size, kv_size = self.n_head * self.head_dim, self.n_kv_heads * self.head_dim
         q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
         q = q.view(bsz, seqlen, self.n_head, self.head_dim)
         k = k.view(bsz, seqlen, self.n_kv_heads, self.head_dim)
@@ -218,7 +221,6 @@ class Attention(nn.Module):
         q, k = apply_rope(q, rope), apply_rope(k, rope)
 
         # Advanced indices on dims 0 and 2 put (B, S) first: the value is (B, S, H_kv, D).
-        batch_rows = torch.arange(bsz, device=qkv.device)[:, None]
         kv.k[batch_rows, :, kv.positions] = k
         kv.v[batch_rows, :, kv.positions] = v
         kv_len = kv.key_positions.shape[0]
