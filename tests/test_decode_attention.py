@@ -46,16 +46,11 @@ def plain(attn, qkv, rope, k_cache, v_cache, positions, n_keys):
 
 
 def kernel(attn, qkv, rope, k_cache, v_cache, positions, n_keys):
-    """The kernel, then the KV write as Attention.attend makes it, on copies of the caches:
-    (out, k_cache, v_cache)."""
+    """The kernel on copies of the caches: (out, k_cache, v_cache)."""
     k_cache, v_cache = k_cache.clone(), v_cache.clone()
     norms = (attn.q_norm.weight, attn.k_norm.weight, attn.q_norm.eps) if attn.q_norm is not None else (None, None, 0.0)
-    out, new_k = attention_kernel.decode_attention(qkv, *norms, rope.reshape(qkv.shape[0], -1), k_cache, v_cache,
-                                                   positions, n_keys, attn.n_head)
-    rows = torch.arange(qkv.shape[0], device="cuda")
-    kv_heads, head_dim = k_cache.shape[1], k_cache.shape[3]
-    k_cache[rows, :, positions] = new_k.view(-1, kv_heads, head_dim)
-    v_cache[rows, :, positions] = qkv[:, -kv_heads * head_dim:].view(-1, kv_heads, head_dim)
+    out = attention_kernel.decode_attention(qkv, *norms, rope.reshape(qkv.shape[0], -1), k_cache, v_cache,
+                                            positions, n_keys, attn.n_head)
     return out, k_cache, v_cache
 
 
@@ -81,13 +76,13 @@ def test_bf16_is_as_close_to_fp32_as_the_plain_bf16_path(shape):
         assert (g.float() - r).abs().max() <= 2 * (o.float() - r).abs().max() + 1e-6, name
 
 
-def test_the_op_writes_none_of_its_inputs():
-    """The caller writes the new key and value (the op is pure for torch.compile's sake)."""
+def test_only_the_new_position_of_each_row_is_written():
     attn, qkv, rope, k_cache, v_cache, positions = attention_case(4, 384, torch.float32, **SLOW)
-    inputs = [t.clone() for t in (qkv, rope, k_cache, v_cache, positions)]
-    attention_kernel.decode_attention(qkv, attn.q_norm.weight, attn.k_norm.weight, 1e-6, rope.reshape(4, -1),
-                                      k_cache, v_cache, positions, 384, 16)
-    assert all(torch.equal(a, b) for a, b in zip(inputs, (qkv, rope, k_cache, v_cache, positions), strict=True))
+    _, k_new, v_new = kernel(attn, qkv, rope, k_cache, v_cache, positions, 384)
+    written = torch.zeros_like(k_cache, dtype=torch.bool)
+    written[torch.arange(4, device="cuda"), :, positions] = True
+    assert torch.equal(k_new[~written], k_cache[~written]) and torch.equal(v_new[~written], v_cache[~written])
+    assert not torch.equal(k_new[written], k_cache[written])
 
 
 def test_keys_past_a_rows_position_are_never_read():
@@ -99,33 +94,27 @@ def test_keys_past_a_rows_position_are_never_read():
     assert torch.equal(kernel(attn, qkv, rope, *poisoned, positions, 512)[0], expected)
 
 
-@pytest.mark.parametrize("one_base", [False, True])
-def test_compiled_attend_in_a_cuda_graph_equals_the_plain_path(one_base):
-    """Attention.attend compiled (the kernel path) and captured, replayed after the positions
-    changed, equals the plain path; also with the K and V caches as views of one tensor."""
+def test_compiled_attend_in_a_cuda_graph_takes_the_kernel_and_reads_positions_at_replay():
+    """Attention.attend compiled with the kernel on (as the step runner's blocks are: the KV views
+    are inputs, K and V tensors of their own) and captured, replayed after the positions changed,
+    equals the kernel run eagerly, KV writes included."""
     attn, qkv, rope, k_cache, v_cache, positions = attention_case(4, 512, torch.bfloat16, **SLOW)
+    assert attn.use_decode_kernel()
     keys = torch.arange(512, device="cuda")
-
-    def caches():
-        if one_base:
-            both = torch.stack([k_cache, v_cache])
-            return both[0], both[1]
-        return k_cache.clone(), v_cache.clone()
 
     def views(k, v):
         return KVView(k, v, positions[:, None], keys, keys <= positions[:, None, None, None])
 
     compiled = torch.compile(attn.attend, fullgraph=True, dynamic=True)
-    compiled(qkv[:, None], rope, views(*caches()))
-    k_graph, v_graph = caches()
-    k_start, v_start = k_graph.clone(), v_graph.clone()
+    compiled(qkv[:, None], rope, views(k_cache.clone(), v_cache.clone()))
+    k_graph, v_graph = k_cache.clone(), v_cache.clone()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         out = compiled(qkv[:, None], rope, views(k_graph, v_graph))
     positions.fill_(511)  # a replay reads the positions as they are then, and writes there
-    k_graph.copy_(k_start)
-    v_graph.copy_(v_start)
+    k_graph.copy_(k_cache)
+    v_graph.copy_(v_cache)
     graph.replay()
-    expected = plain(attn, qkv, rope, k_start, v_start, positions, 512)
-    torch.testing.assert_close(out[:, 0], expected[0])
-    assert torch.equal(k_graph, expected[1]) and torch.equal(v_graph, expected[2])
+    expected, k_expected, v_expected = kernel(attn, qkv, rope, k_cache, v_cache, positions, 512)
+    torch.testing.assert_close(out[:, 0], expected)
+    assert torch.equal(k_graph, k_expected) and torch.equal(v_graph, v_expected)

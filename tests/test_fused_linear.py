@@ -107,21 +107,24 @@ def test_a_compiled_block_with_fused_projections_in_a_cuda_graph_equals_the_eage
     block = full_size_block(torch.float32)
     if quantize == "int8":
         quantize_block_int8(block)
-    assert block.use_fused_projections()
+    assert block.use_fused_projections() and block.attention.use_decode_kernel()
     batch, capacity, position = 1, 64, 17
     x = torch.randn(batch, 1, 1024, device="cuda")
     positions = torch.full((batch, 1), position, device="cuda")
     rope = rope_table(capacity, 128, 1e6).cuda()[positions]
     mask = torch.ones(batch, 1, 1, position + 1, dtype=torch.bool, device="cuda")
-    cache = torch.randn(2, batch, 8, capacity, 128, device="cuda")
+    cache = [torch.randn(batch, 8, capacity, 128, device="cuda") for _ in range(2)]  # K and V apart, as KVCache has them
 
     def run(fn, kv_cache):
         return fn(x, rope, KVView(kv_cache[0], kv_cache[1], positions, torch.arange(position + 1, device="cuda"), mask))
 
-    eager_cache, graph_cache = cache.clone(), cache.clone()
+    def clone(kv_cache):
+        return [t.clone() for t in kv_cache]
+
+    eager_cache, graph_cache = clone(cache), clone(cache)
     expected = run(block, eager_cache)
     compiled = torch.compile(block, fullgraph=True)
-    run(compiled, cache.clone())  # compiles
+    run(compiled, clone(cache))  # compiles
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         out = run(compiled, graph_cache)
@@ -130,7 +133,8 @@ def test_a_compiled_block_with_fused_projections_in_a_cuda_graph_equals_the_eage
     # of its trace on every call).
     assert traced and len(traced) % 4 == 0
     torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-4)
-    torch.testing.assert_close(graph_cache, eager_cache, rtol=1e-4, atol=1e-4)
+    for got, expected_cache in zip(graph_cache, eager_cache, strict=True):
+        torch.testing.assert_close(got, expected_cache, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -3,16 +3,14 @@
 A decode step adds one token per row. After its QKV projection, Attention.attend normalises the
 query and key heads (q/k RMSNorm), rotates them (RoPE), writes the key and value into the KV cache
 and attends; compiled by Inductor that was five to seven small kernels per layer (~8 us of a slow
-layer's 33 at batch 1 on an H100) before any attention. Here one kernel does all but the write, reading only
+layer's 33 at batch 1 on an H100) before any attention. Here one kernel does it all, reading only
 each row's live keys (0..position), once; written in PyTorch ops (dual_ar.one_query_attention)
-every row read the whole KV bucket. Only the KV write stays outside, as one small kernel of
-Inductor's (see decode_attention for why).
+every row read the whole KV bucket.
 
 Split-KV ("flash decoding"): program (row, kv head, split) normalises and rotates the group of query
 heads that share the kv head, attends them over one split of SPLIT_KEYS keys and writes its
 normalised partial output and log-sum-exp; a second kernel merges the splits. The split holding the
-row's new position normalises and rotates its key, attends it and the value from registers and
-returns the key. A split past a row's position reads no
+row's new position writes its key and value into the cache. A split past a row's position reads no
 keys and weighs nothing in the merge. The number of splits depends on the bucket (and on a batch of
 one row, whose graph is compiled apart), so one compiled graph serves every batch size above one. A
 cache of at most MAX_DIRECT_KEYS positions (the fast transformer's 10) is one split per kv head,
@@ -62,7 +60,7 @@ def _norm_and_rotate(ptr, rows, live, d, norm_ptr, eps, cos, sin, head_dim: tl.c
 
 @triton.jit
 def _attend_split(qkv_ptr, q_norm_ptr, k_norm_ptr, eps, rope_ptr, positions_ptr, k_ptr, v_ptr,
-                  partial_ptr, lse_ptr, out_ptr, new_k_ptr, n_keys, qkv_stride_b, rope_stride_b,
+                  partial_ptr, lse_ptr, out_ptr, n_keys, qkv_stride_b, rope_stride_b,
                   k_stride_b, k_stride_h, k_stride_l, v_stride_b, v_stride_h, v_stride_l,
                   scale_log2: tl.constexpr, n_heads: tl.constexpr, kv_heads: tl.constexpr, group: tl.constexpr,
                   rows: tl.constexpr, head_dim: tl.constexpr, has_qk_norm: tl.constexpr,
@@ -81,25 +79,21 @@ def _attend_split(qkv_ptr, q_norm_ptr, k_norm_ptr, eps, rope_ptr, positions_ptr,
     q = _norm_and_rotate(row, h * group + g, g < group, d, q_norm_ptr, eps, cos, sin, head_dim, has_qk_norm, dtype)
     k_base = k_ptr + b * k_stride_b + h * k_stride_h
     v_base = v_ptr + b * v_stride_b + h * v_stride_h
-    # The new position's key and value are not in the cache yet (the caller writes them after): the
-    # split holding it makes them here, attends them from registers, and returns the key.
-    k_new = tl.zeros([1, head_dim], dtype)
-    v_new = tl.zeros([1, head_dim], dtype)
     if (position >= start) & (position < start + split_keys) & (position < n_keys):
+        # The split holding the new position writes its key and value into the cache.
         one = tl.arange(0, 1)
         k_new = _norm_and_rotate(row, n_heads + h + one, one == 0, d, k_norm_ptr, eps, cos, sin, head_dim,
                                  has_qk_norm, dtype)
-        v_new = tl.load(row + (n_heads + kv_heads + h) * head_dim + d[None, :])
-        tl.store(new_k_ptr + (b * kv_heads + h) * head_dim + d[None, :], k_new)
+        tl.store(k_base + position * k_stride_l + d[None, :], k_new)
+        tl.store(v_base + position * v_stride_l + d, tl.load(row + (n_heads + kv_heads + h) * head_dim + d))
+    tl.debug_barrier()  # makes those stores visible to every thread of this program before the loads below
     running_max = tl.full([rows], float("-inf"), tl.float32)
     running_sum = tl.zeros([rows], tl.float32)
     acc = tl.zeros([rows, head_dim], tl.float32)
     for first in range(start, end, block_keys):
         n = first + tl.arange(0, block_keys)
         live = n < end
-        is_new = (n == position)[:, None]
-        k = tl.load(k_base + n[:, None] * k_stride_l + d[None, :], mask=live[:, None] & ~is_new, other=0.0)
-        k = tl.where(is_new, k_new, k)
+        k = tl.load(k_base + n[:, None] * k_stride_l + d[None, :], mask=live[:, None], other=0.0)
         if ieee:
             scores = tl.dot(q, tl.trans(k), input_precision="ieee")
         else:
@@ -109,8 +103,7 @@ def _attend_split(qkv_ptr, q_norm_ptr, k_norm_ptr, eps, rope_ptr, positions_ptr,
         probs = tl.exp2(scores - new_max[:, None])
         rescale = tl.exp2(running_max - new_max)
         running_sum = running_sum * rescale + tl.sum(probs, 1)
-        v = tl.load(v_base + n[:, None] * v_stride_l + d[None, :], mask=live[:, None] & ~is_new, other=0.0)
-        v = tl.where(is_new, v_new, v)
+        v = tl.load(v_base + n[:, None] * v_stride_l + d[None, :], mask=live[:, None], other=0.0)
         if ieee:
             acc = acc * rescale[:, None] + tl.dot(probs.to(v.dtype), v, input_precision="ieee")
         else:
@@ -148,21 +141,19 @@ def _merge_splits(partial_ptr, lse_ptr, out_ptr, splits, group: tl.constexpr, he
     tl.store(out_ptr + (row * group + g) * head_dim + d, (acc / total).to(out_ptr.dtype.element_ty))
 
 
-def supports(head_dim: int, device: torch.device) -> bool:
-    """Whether the kernel serves heads of this size: on CUDA, a power of two that tl.dot accepts."""
-    return device.type == "cuda" and head_dim >= MIN_DOT and head_dim & (head_dim - 1) == 0
+def supports(head_dim: int) -> bool:
+    """Whether the kernel serves heads of this size (on CUDA): a power of two that tl.dot accepts."""
+    return head_dim >= MIN_DOT and head_dim & (head_dim - 1) == 0
 
 
 def launch(attend, merge, qkv: Tensor, q_norm: Tensor | None, k_norm: Tensor | None, eps: float, rope: Tensor,
-           k_cache: Tensor, v_cache: Tensor, positions: Tensor, n_keys, n_heads: int,
-           one_row: bool) -> tuple[Tensor, Tensor]:
+           k_cache: Tensor, v_cache: Tensor, positions: Tensor, n_keys, n_heads: int, one_row: bool) -> Tensor:
     """Run the kernels (_attend_split and _merge_splits, or them wrapped for Inductor); see decode_attention."""
     batch, kv_heads, capacity, head_dim = k_cache.shape
     group = n_heads // kv_heads
     torch._check(k_cache.stride(3) == 1 and v_cache.stride(3) == 1, lambda: "the caches need unit stride on D")
     qkv, rope, positions = qkv.contiguous(), rope.contiguous(), positions.contiguous()
     out = torch.empty((batch, n_heads * head_dim), device=qkv.device, dtype=qkv.dtype)
-    new_k = torch.empty((batch, kv_heads * head_dim), device=qkv.device, dtype=qkv.dtype)
     # A cache that one program covers (the fast transformer's 10 positions) needs no merge.
     direct = capacity <= MAX_DIRECT_KEYS
     split_keys = triton.next_power_of_2(capacity) if direct else ONE_ROW_SPLIT_KEYS if one_row else SPLIT_KEYS
@@ -175,7 +166,7 @@ def launch(attend, merge, qkv: Tensor, q_norm: Tensor | None, k_norm: Tensor | N
     log2e = 1.4426950408889634
     attend[(batch, kv_heads, splits)](
         qkv, qkv if q_norm is None else q_norm, qkv if k_norm is None else k_norm, eps, rope, positions,
-        k_cache, v_cache, partial, lse, out, new_k, n_keys, qkv.stride(0), rope.stride(0),
+        k_cache, v_cache, partial, lse, out, n_keys, qkv.stride(0), rope.stride(0),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         scale_log2=head_dim ** -0.5 * log2e, n_heads=n_heads, kv_heads=kv_heads, group=group,
         rows=max(MIN_DOT, triton.next_power_of_2(group)), head_dim=head_dim, has_qk_norm=q_norm is not None,
@@ -183,26 +174,21 @@ def launch(attend, merge, qkv: Tensor, q_norm: Tensor | None, k_norm: Tensor | N
         direct=direct, num_warps=NUM_WARPS, num_stages=NUM_STAGES)
     if not direct:
         merge[(batch * kv_heads, group)](partial, lse, out, splits, group=group, head_dim=head_dim)
-    return out, new_k
+    return out
 
 
-@triton_op("s1mini::decode_attention", mutates_args={})
+@triton_op("s1mini::decode_attention", mutates_args={"k_cache", "v_cache"})
 def decode_attention(qkv: Tensor, q_norm: Tensor | None, k_norm: Tensor | None, eps: float, rope: Tensor,
-                     k_cache: Tensor, v_cache: Tensor, positions: Tensor, n_keys: int,
-                     n_heads: int) -> tuple[Tensor, Tensor]:
-    """One new token per row: Attention.attend after the QKV projection but for the KV write, in
-    one kernel (two when the keys are split).
+                     k_cache: Tensor, v_cache: Tensor, positions: Tensor, n_keys: int, n_heads: int) -> Tensor:
+    """One new token per row: the rest of Attention.attend after the QKV projection, in one kernel
+    (two when the keys are split).
 
     qkv (B, (n_heads + 2 H_kv) D): the projected token, query heads then keys then values; q_norm,
     k_norm (D,) RMSNorm weights or None (eps their epsilon); rope (B, D/2, 2) each row's [cos, sin]
-    at its position; k_cache, v_cache (B, H_kv, capacity, D) with unit stride on D, holding each
-    row's keys and values before positions[b] (int64, (B,)). Row b's queries attend those and its
-    own new key and value at positions[b]: keys 0..min(positions[b] + 1, n_keys) - 1. Returns the
-    attended values (B, n_heads D) and the new keys, normed and rotated, (B, H_kv D), both in qkv's
-    dtype (scores, softmax and sums in fp32); the caller writes the new keys and values into the
-    cache. The op writes none of its inputs: under torch.compile, a custom op that writes its inputs
-    makes Inductor copy them when they are views (views of one cache: the whole cache per call) and,
-    with two inputs viewing one tensor, gave wrong results (torch 2.11)."""
+    at its position; k_cache, v_cache (B, H_kv, capacity, D) with unit stride on D; positions (B,)
+    int64. Row b's key and value are written at positions[b], then its queries attend keys
+    0..min(positions[b] + 1, n_keys) - 1. Returns (B, n_heads D) in qkv's dtype; scores, softmax
+    and sums in fp32."""
     one_row = statically_known_true(qkv.shape[0] == 1)
     return launch(wrap_triton(_attend_split), wrap_triton(_merge_splits), qkv, q_norm, k_norm, eps, rope,
                   k_cache, v_cache, positions, n_keys, n_heads, one_row)

@@ -191,6 +191,19 @@ class Attention(nn.Module):
             self.k_norm = RMSNorm(head_dim, eps)
         else:
             self.q_norm = self.k_norm = None
+        self.decode_kernel = False  # set by use_decode_kernel()
+
+    def use_decode_kernel(self) -> bool:
+        """Let compiled calls of one new token per row (the decode step) run the rest of attend()
+        as one decode_attention kernel, which writes the KV cache itself, if Triton is there and
+        the heads suit it. Returns whether it will.
+
+        For compiled regions that get the layer's KV views as inputs, with K and V in tensors of
+        their own, as the step runner's blocks do: a custom op that writes its inputs made Inductor
+        (torch 2.11) copy the whole cache when the views were taken inside the compiled code (and
+        then crash at full size), and give wrong results when K and V viewed one tensor."""
+        self.decode_kernel = attention_kernel is not None and attention_kernel.supports(self.head_dim)
+        return self.decode_kernel
 
     def forward(self, x: Tensor, rope: Tensor, kv: KVView) -> Tensor:
         return self.wo(self.attend(self.wqkv(x), rope, kv))
@@ -198,20 +211,16 @@ class Attention(nn.Module):
     def attend(self, qkv: Tensor, rope: Tensor, kv: KVView) -> Tensor:
         """qkv (B, S, (H + 2 H_kv) D) projected inputs -> (B, S, H D) attended values, before wo."""
         bsz, seqlen, _ = qkv.shape
-        q_size, kv_size = self.n_head * self.head_dim, self.n_kv_heads * self.head_dim
-        batch_rows = torch.arange(bsz, device=qkv.device)[:, None]
-        if seqlen == 1 and torch.compiler.is_compiling() and attention_kernel is not None \
-                and attention_kernel.supports(self.head_dim, qkv.device):
-            # The compiled decode step: norms, RoPE and attention over each row's own live keys
-            # (positions 0..p) in one kernel, where they were five to seven; then the KV write.
+        if seqlen == 1 and self.decode_kernel and qkv.is_cuda and torch.compiler.is_compiling():
+            # The compiled decode step: norms, RoPE, the KV write and attention over each row's own
+            # live keys (positions 0..p) in one kernel, where they were five to seven.
             norms = (self.q_norm.weight, self.k_norm.weight, self.q_norm.eps) if self.q_norm is not None \
                 else (None, None, 0.0)
-            out, k = attention_kernel.decode_attention(
+            out = attention_kernel.decode_attention(
                 qkv.reshape(bsz, -1), *norms, rope.reshape(bsz, -1), kv.k, kv.v, kv.positions[:, 0],
                 kv.key_positions.shape[0], self.n_head)
-            kv.k[batch_rows, :, kv.positions] = k.view(bsz, 1, self.n_kv_heads, self.head_dim)
-            kv.v[batch_rows, :, kv.positions] = qkv[..., q_size + kv_size:].view(bsz, 1, self.n_kv_heads, self.head_dim)
             return out.view(bsz, 1, -1)
+        q_size, kv_size = self.n_head * self.head_dim, self.n_kv_heads * self.head_dim
         q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
         q = q.view(bsz, seqlen, self.n_head, self.head_dim)
         k = k.view(bsz, seqlen, self.n_kv_heads, self.head_dim)
@@ -221,6 +230,7 @@ class Attention(nn.Module):
         q, k = apply_rope(q, rope), apply_rope(k, rope)
 
         # Advanced indices on dims 0 and 2 put (B, S) first: the value is (B, S, H_kv, D).
+        batch_rows = torch.arange(bsz, device=qkv.device)[:, None]
         kv.k[batch_rows, :, kv.positions] = k
         kv.v[batch_rows, :, kv.positions] = v
         kv_len = kv.key_positions.shape[0]
@@ -410,6 +420,10 @@ class DualARTransformer(nn.Module):
     def use_fused_projections(self) -> bool:
         """See Block.use_fused_projections; True if every block will."""
         return all([layer.use_fused_projections() for layer in [*self.layers, *self.fast_layers]])
+
+    def use_decode_kernels(self) -> bool:
+        """See Attention.use_decode_kernel; True if every layer will."""
+        return all([layer.attention.use_decode_kernel() for layer in [*self.layers, *self.fast_layers]])
 
     def reset_buffers(self, device: torch.device | str | None = None) -> None:
         """Build the tensors that are not in model.pth (after a meta-device load, on the real device)."""

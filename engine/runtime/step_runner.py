@@ -151,6 +151,8 @@ class StepRunner:
                     ops = dataclasses.replace(ops, head=fused_norm_then_linear)
                 logger.info("decode projections: {}", "fused Triton kernels" if fused else "compiled matmuls "
                             "(fused kernels need Triton and plain or int8 weights)")
+            attention = self.model.use_decode_kernels()
+            logger.info("decode attention: {}", "one Triton kernel per layer" if attention else "compiled PyTorch ops")
             # Prefill lengths vary: no max-autotune (autotuning every length would take minutes),
             # length-generic from its first call (one compile instead of a static one, then another).
             prefill_backend = dataclasses.replace(self.policy, mode="default").inductor_backend()
