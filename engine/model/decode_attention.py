@@ -17,7 +17,9 @@ cache of at most MAX_DIRECT_KEYS positions (the fast transformer's 10) is one sp
 which writes the output itself: one kernel, no merge.
 
 Registered as a torch.library.triton_op so that Inductor compiles it into the step's graph (and
-CUDA graphs capture it). Importing this module needs Triton and torch >= 2.6.
+CUDA graphs capture it). It writes the caches it is given, which Inductor (torch 2.11) compiles
+right only when they come into the compiled code as inputs, K and V tensors of their own (see
+dual_ar.Attention.use_decode_kernel). Importing this module needs Triton and torch >= 2.6.
 """
 
 from __future__ import annotations
@@ -188,7 +190,7 @@ def decode_attention(qkv: Tensor, q_norm: Tensor | None, k_norm: Tensor | None, 
     at its position; k_cache, v_cache (B, H_kv, capacity, D) with unit stride on D; positions (B,)
     int64. Row b's key and value are written at positions[b], then its queries attend keys
     0..min(positions[b] + 1, n_keys) - 1. Returns (B, n_heads D) in qkv's dtype; scores, softmax
-    and sums in fp32."""
+    and sums in fp32. For torch.compile, see the module docstring on the caches."""
     one_row = statically_known_true(qkv.shape[0] == 1)
     return launch(wrap_triton(_attend_split), wrap_triton(_merge_splits), qkv, q_norm, k_norm, eps, rope,
                   k_cache, v_cache, positions, n_keys, n_heads, one_row)
