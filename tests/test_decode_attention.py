@@ -48,8 +48,7 @@ def plain(attn, qkv, rope, k_cache, v_cache, positions, n_keys):
 def kernel(attn, qkv, rope, k_cache, v_cache, positions, n_keys):
     """The kernel on copies of the caches: (out, k_cache, v_cache)."""
     k_cache, v_cache = k_cache.clone(), v_cache.clone()
-    norms = (attn.q_norm.weight, attn.k_norm.weight, attn.q_norm.eps) if attn.q_norm is not None else (None, None, 0.0)
-    out = attention_kernel.decode_attention(qkv, *norms, rope.reshape(qkv.shape[0], -1), k_cache, v_cache,
+    out = attention_kernel.decode_attention(qkv, *attn.kernel_norms(), rope.reshape(qkv.shape[0], -1), k_cache, v_cache,
                                             positions, n_keys, attn.n_head)
     return out, k_cache, v_cache
 

@@ -205,6 +205,12 @@ class Attention(nn.Module):
         self.decode_kernel = attention_kernel is not None and attention_kernel.supports(self.head_dim)
         return self.decode_kernel
 
+    def kernel_norms(self) -> tuple[Tensor | None, Tensor | None, float]:
+        """decode_attention's norm operands: (q_norm weight, k_norm weight, eps), all None/0 without q/k norms."""
+        if self.q_norm is None:
+            return None, None, 0.0
+        return self.q_norm.weight, self.k_norm.weight, self.q_norm.eps
+
     def forward(self, x: Tensor, rope: Tensor, kv: KVView) -> Tensor:
         return self.wo(self.attend(self.wqkv(x), rope, kv))
 
@@ -214,10 +220,8 @@ class Attention(nn.Module):
         if seqlen == 1 and self.decode_kernel and qkv.is_cuda and torch.compiler.is_compiling():
             # The compiled decode step: norms, RoPE, the KV write and attention over each row's own
             # live keys (positions 0..p) in one kernel, where they were five to seven.
-            norms = (self.q_norm.weight, self.k_norm.weight, self.q_norm.eps) if self.q_norm is not None \
-                else (None, None, 0.0)
             out = attention_kernel.decode_attention(
-                qkv.reshape(bsz, -1), *norms, rope.reshape(bsz, -1), kv.k, kv.v, kv.positions[:, 0],
+                qkv.reshape(bsz, -1), *self.kernel_norms(), rope.reshape(bsz, -1), kv.k, kv.v, kv.positions[:, 0],
                 kv.key_positions.shape[0], self.n_head)
             return out.view(bsz, 1, -1)
         q_size, kv_size = self.n_head * self.head_dim, self.n_kv_heads * self.head_dim
