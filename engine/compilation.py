@@ -9,6 +9,7 @@ so a restart with a warm cache does not recompile.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 import platform
@@ -98,6 +99,23 @@ class CompilePolicy:
         return f"{mode} ({self.reason})"
 
 
+def pdl_requested() -> bool:
+    """Programmatic dependent launch unless turned off: Inductor's own switch turns it off for our
+    kernels too (our backend would otherwise set it over the user's choice)."""
+    return os.environ.get("TORCHINDUCTOR_ENABLE_PDL", "1") != "0"
+
+
+@functools.cache
+def _has_pdl(device_index: int) -> bool:
+    return torch.cuda.get_device_capability(device_index) >= (9, 0)
+
+
+def pdl_available(device: torch.device) -> bool:
+    """Whether our Triton kernels use programmatic dependent launch: on CUDA devices of compute
+    capability 9.0 and newer, unless requested off (pdl_requested)."""
+    return device.type == "cuda" and pdl_requested() and _has_pdl(device.index or 0)
+
+
 def _inductor_has_pdl() -> bool:
     import torch._inductor.config as inductor_config
 
@@ -133,8 +151,7 @@ def decide(mode: str, device: torch.device, env: Environment | None = None,
             raise DeviceError("--compile needs Triton, which is not installed here (on Windows: pip install "
                               "triton-windows matching your torch); use --no-compile to run eager")
         return CompilePolicy(False, True, f"no Triton on {env.os}: eager step in CUDA graphs")
-    # Inductor's own switch turns PDL off here too (our backend would otherwise set it over the user's choice).
-    pdl = os.environ.get("TORCHINDUCTOR_ENABLE_PDL", "1") != "0"
+    pdl = pdl_requested()
     fused = os.environ.get("S1_MINI_FUSED_PROJECTIONS", "1") != "0"  # 0: for comparisons (scripts/profile_step.py)
     return CompilePolicy(True, True, f"CUDA with Triton {env.triton} on {env.os}", compile_mode, quantize == "int8",
                          pdl, fused)

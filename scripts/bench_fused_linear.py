@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Time the decode step's fused projections (engine/model/fused_linear.py) against Inductor's.
 
-    python scripts/bench_fused_linear.py [--weights bf16|int8] [--json out.json]
+    python scripts/bench_fused_linear.py [--weights bf16|int8] [--quick] [--json out.json]
 
 For each projection of an S1-mini block (full-size shapes, bf16, random values, one row as in the
 batch-1 decode step): the same work compiled by Inductor from the plain ops (RMSNorm, F.linear, SiLU
@@ -17,6 +17,7 @@ Inductor fuses, as it did torchao's int8 weights in the compiled step). Needs CU
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import json
 import sys
@@ -74,6 +75,7 @@ def operands(rows: int, depth: int, columns: int, norm: bool, gated: bool, resid
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--weights", choices=["bf16", "int8"], default="bf16")
+    p.add_argument("--quick", action="store_true", help="time the default launch setting only (no sweep)")
     p.add_argument("--json")
     args = p.parse_args(argv)
     compiled_plain = torch.compile(plain)
@@ -96,7 +98,7 @@ def main(argv=None) -> int:
         plain_us = microseconds_per_call(lambda i: compiled_plain(*layer(i)), CALLS, REPLAYS)
         expected = plain(*layer(0)).float()
         timed = []
-        for setting in SETTINGS:
+        for setting in [DEFAULT_LAUNCH] if args.quick else SETTINGS:
             try:
                 diff = (fused(0, setting).float() - expected).abs().max()
             except triton.runtime.errors.OutOfResources:  # too much shared memory for this setting
@@ -104,14 +106,18 @@ def main(argv=None) -> int:
             us = microseconds_per_call(lambda i, setting=setting: fused(i, setting), CALLS, REPLAYS)
             timed.append((us, setting, float(diff)))
         default_us = microseconds_per_call(fused, CALLS, REPLAYS)
+        # Programmatic dependent launch off: each call's weights then stream in only after the call before ends.
+        no_pdl = dataclasses.replace(DEFAULT_LAUNCH, pdl=False)
+        no_pdl_us = microseconds_per_call(lambda i, no_pdl=no_pdl: fused(i, no_pdl), CALLS, REPLAYS)
         best_us, best, diff = min(timed, key=lambda t: t[0])
         weight_bytes = weights[0].numel() * weights[0].element_size()
         entry = {"shape": name, "plain_us": round(plain_us, 2), "default_us": round(default_us, 2),
+                 "default_without_pdl_us": round(no_pdl_us, 2),
                  "best_us": round(best_us, 2), "best": best.__dict__, "max_abs_diff": diff,
                  "best_weight_tb_s": round(weight_bytes / best_us / 1e6, 2),
                  "settings": [[round(us, 2), s.__dict__] for us, s, _ in sorted(timed, key=lambda t: t[0])[:5]]}
         report.append(entry)
-        print(f"{name:10s} plain {plain_us:6.2f} us  fused default {default_us:6.2f}  "
+        print(f"{name:10s} plain {plain_us:6.2f} us  fused default {default_us:6.2f} (without PDL {no_pdl_us:6.2f})  "
               f"best {best_us:6.2f} ({best.block_n}x{best.block_k} w{best.num_warps} s{best.num_stages}, "
               f"{entry['best_weight_tb_s']} TB/s)  max diff {diff:.2e}", flush=True)
     if args.json:

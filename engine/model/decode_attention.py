@@ -31,6 +31,8 @@ from torch import Tensor
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 from torch.library import triton_op, wrap_triton
 
+from ..compilation import pdl_available
+
 # Keys per program, and per inner iteration. Timed on an H100 (docs/PERFORMANCE.md): 256 keys at
 # batch 16-64 (2.6 TB/s), 64 at batch 1, where 256 would leave most SMs idle.
 SPLIT_KEYS, ONE_ROW_SPLIT_KEYS, BLOCK_KEYS = 256, 64, 64
@@ -66,7 +68,10 @@ def _attend_split(qkv_ptr, q_norm_ptr, k_norm_ptr, eps, rope_ptr, positions_ptr,
                   k_stride_b, k_stride_h, k_stride_l, v_stride_b, v_stride_h, v_stride_l,
                   scale_log2: tl.constexpr, n_heads: tl.constexpr, kv_heads: tl.constexpr, group: tl.constexpr,
                   rows: tl.constexpr, head_dim: tl.constexpr, has_qk_norm: tl.constexpr,
-                  split_keys: tl.constexpr, block_keys: tl.constexpr, ieee: tl.constexpr, direct: tl.constexpr):
+                  split_keys: tl.constexpr, block_keys: tl.constexpr, ieee: tl.constexpr, direct: tl.constexpr,
+                  pdl: tl.constexpr):
+    if pdl:  # the kernel after (a projection) may launch now and load its weights; it waits for our output
+        tl.extra.cuda.gdc_launch_dependents()
     b, h, split = tl.program_id(0).to(tl.int64), tl.program_id(1), tl.program_id(2)
     dtype = qkv_ptr.dtype.element_ty
     position = tl.load(positions_ptr + b)
@@ -126,7 +131,10 @@ def _attend_split(qkv_ptr, q_norm_ptr, k_norm_ptr, eps, rope_ptr, positions_ptr,
 
 
 @triton.jit
-def _merge_splits(partial_ptr, lse_ptr, out_ptr, splits, group: tl.constexpr, head_dim: tl.constexpr):
+def _merge_splits(partial_ptr, lse_ptr, out_ptr, splits, group: tl.constexpr, head_dim: tl.constexpr,
+                  pdl: tl.constexpr):
+    if pdl:
+        tl.extra.cuda.gdc_launch_dependents()
     row, g = tl.program_id(0).to(tl.int64), tl.program_id(1)  # row: (batch row, kv head) flattened
     d = tl.arange(0, head_dim)
     one = tl.arange(0, 1)
@@ -166,6 +174,7 @@ def launch(attend, merge, qkv: Tensor, q_norm: Tensor | None, k_norm: Tensor | N
         partial = torch.empty((batch, kv_heads, splits, group, head_dim), device=qkv.device, dtype=torch.float32)
         lse = torch.empty((batch, kv_heads, splits, group), device=qkv.device, dtype=torch.float32)
     log2e = 1.4426950408889634
+    pdl = pdl_available(qkv.device)
     attend[(batch, kv_heads, splits)](
         qkv, qkv if q_norm is None else q_norm, qkv if k_norm is None else k_norm, eps, rope, positions,
         k_cache, v_cache, partial, lse, out, n_keys, qkv.stride(0), rope.stride(0),
@@ -173,9 +182,9 @@ def launch(attend, merge, qkv: Tensor, q_norm: Tensor | None, k_norm: Tensor | N
         scale_log2=head_dim ** -0.5 * log2e, n_heads=n_heads, kv_heads=kv_heads, group=group,
         rows=max(MIN_DOT, triton.next_power_of_2(group)), head_dim=head_dim, has_qk_norm=q_norm is not None,
         split_keys=split_keys, block_keys=min(BLOCK_KEYS, split_keys), ieee=qkv.dtype == torch.float32,
-        direct=direct, num_warps=NUM_WARPS, num_stages=NUM_STAGES)
+        direct=direct, pdl=pdl, num_warps=NUM_WARPS, num_stages=NUM_STAGES)
     if not direct:
-        merge[(batch * kv_heads, group)](partial, lse, out, splits, group=group, head_dim=head_dim)
+        merge[(batch * kv_heads, group)](partial, lse, out, splits, group=group, head_dim=head_dim, pdl=pdl)
     return out
 
 
