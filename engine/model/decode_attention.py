@@ -32,6 +32,7 @@ from torch.fx.experimental.symbolic_shapes import statically_known_true
 from torch.library import triton_op, wrap_triton
 
 from ..compilation import pdl_available
+from .launch_control import let_dependents_launch
 
 # Keys per program, and per inner iteration. Timed on an H100 (docs/PERFORMANCE.md): 256 keys at
 # batch 16-64 (2.6 TB/s), 64 at batch 1, where 256 would leave most SMs idle.
@@ -71,7 +72,7 @@ def _attend_split(qkv_ptr, q_norm_ptr, k_norm_ptr, eps, rope_ptr, positions_ptr,
                   split_keys: tl.constexpr, block_keys: tl.constexpr, ieee: tl.constexpr, direct: tl.constexpr,
                   pdl: tl.constexpr):
     if pdl:  # the kernel after (a projection) may launch now and load its weights; it waits for our output
-        tl.extra.cuda.gdc_launch_dependents()
+        positions_ptr += let_dependents_launch()
     b, h, split = tl.program_id(0).to(tl.int64), tl.program_id(1), tl.program_id(2)
     dtype = qkv_ptr.dtype.element_ty
     position = tl.load(positions_ptr + b)
@@ -134,7 +135,7 @@ def _attend_split(qkv_ptr, q_norm_ptr, k_norm_ptr, eps, rope_ptr, positions_ptr,
 def _merge_splits(partial_ptr, lse_ptr, out_ptr, splits, group: tl.constexpr, head_dim: tl.constexpr,
                   pdl: tl.constexpr):
     if pdl:
-        tl.extra.cuda.gdc_launch_dependents()
+        lse_ptr += let_dependents_launch()
     row, g = tl.program_id(0).to(tl.int64), tl.program_id(1)  # row: (batch row, kv head) flattened
     d = tl.arange(0, head_dim)
     one = tl.arange(0, 1)

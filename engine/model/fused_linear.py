@@ -38,6 +38,7 @@ import triton.language as tl
 from torch import Tensor
 
 from ..compilation import pdl_available
+from .launch_control import wait_for_inputs
 
 
 @dataclass(frozen=True)
@@ -53,17 +54,6 @@ class Launch:
 
 
 @triton.jit
-def _wait_for_inputs():
-    """Programmatic dependent launch: wait until the kernel before has finished and its writes are
-    visible, then let the kernel after start launching. Returns 0, which the caller adds to the
-    address of everything that kernel may have written, so that those loads come after the wait;
-    the weights, loaded before it, stream in while the kernel before finishes. A pure op, so that
-    the compiler keeps reasoning about the kernel's memory as it does without it."""
-    return tl.inline_asm_elementwise("griddepcontrol.wait; griddepcontrol.launch_dependents; mov.u32 $0, 0;",
-                                     "=r", [], dtype=tl.int32, is_pure=True, pack=1)
-
-
-@triton.jit
 def _fused_linear(x_ptr, w_ptr, w_scale_ptr, norm_ptr, residual_ptr, out_ptr, eps,
                   K: tl.constexpr, N: tl.constexpr, has_w_scale: tl.constexpr, has_norm: tl.constexpr,
                   gated: tl.constexpr, has_residual: tl.constexpr, block_n: tl.constexpr, block_k: tl.constexpr,
@@ -72,14 +62,14 @@ def _fused_linear(x_ptr, w_ptr, w_scale_ptr, norm_ptr, residual_ptr, out_ptr, ep
     k = tl.arange(0, block_k)
     live_n = n < N
     dtype = x_ptr.dtype.element_ty
-    # The first block of weights: loaded before anything the kernel before writes (_wait_for_inputs).
+    # The first block of weights: loaded before anything the kernel before writes (wait_for_inputs).
     w_rows = w_ptr + n[:, None] * K
     live = live_n[:, None] & (k < K)[None, :]
     w_block = tl.load(w_rows + k[None, :], mask=live, other=0.0)
     if gated:
         up_block = tl.load(w_rows + N * K + k[None, :], mask=live, other=0.0)
     if pdl:
-        after = _wait_for_inputs()
+        after = wait_for_inputs()
         x_ptr += after
         residual_ptr += after
     if has_norm:
