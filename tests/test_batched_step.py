@@ -89,3 +89,35 @@ def test_rows_whose_padded_columns_would_pass_the_cache_end_are_prefilled_apart(
     runner.cache.capacity = width + 4  # slot 1's text starts at 5: padded to slot 0's width it would end at width + 5
     rows = [(0, prompt_b, 0), (1, prompt_a, 5), (2, prompt_a, 0)]
     assert runner._prefill_groups(rows) == [[rows[0]], [rows[1], rows[2]]]
+
+
+def test_the_step_sampler_units_trace_whole_and_equal_their_plain_calls(s1_dir, s1_expected):
+    """The compiled step compiles sample_first_code and sample_and_embed as regions of their own
+    (fullgraph, the head object an argument): traced, they give the plain call's ids and inputs."""
+    from engine.runtime.generate import FullVocabHead, SemanticHead, sample_and_embed, sample_first_code
+    from engine.runtime.sampling import SamplingTensors
+
+    ids = s1_expected["special_ids"]
+    model = load_dual_ar(s1_dir, TokenLayout(ids["semantic_begin"], ids["semantic_end"], ids["im_end"]),
+                         "cpu", torch.float32)
+    gen = torch.Generator().manual_seed(0)
+    batch, window = 3, 16
+    params = SamplingTensors.build([0.7, 1.0, 0.9], [0.8, 0.95, 0.7], [1.2, 1.0, 1.1], [5, 6, 7], "cpu")
+    valid = torch.arange(window) < torch.tensor([[0], [5], [16]])
+    counter = torch.tensor([0, 64, 128])
+    table = model.fast_embeddings.weight
+    for head in (SemanticHead(model), FullVocabHead(model)):
+        hidden = torch.randn(batch, 1, model.config.dim, generator=gen)
+        logits = head.logits(hidden)
+        history = head.token_of(torch.randint(0, logits.shape[-1], (batch, window), generator=gen))
+        history[0, 0] = ids["im_end"]  # a token without a code
+        traced = torch.compile(sample_first_code, fullgraph=True, backend="aot_eager")
+        for got, expected in zip(traced(head, logits, params, history, valid, counter, table),
+                                 sample_first_code(head, logits, params, history, valid, counter, table), strict=True):
+            assert torch.equal(got, expected)
+    fast_logits = torch.randn(batch, table.shape[0], generator=gen)
+    history = torch.randint(0, table.shape[0], (batch, window), generator=gen)
+    traced = torch.compile(sample_and_embed, fullgraph=True, backend="aot_eager")
+    for got, expected in zip(traced(fast_logits, params, history, valid, counter, table),
+                             sample_and_embed(fast_logits, params, history, valid, counter, table), strict=True):
+        assert torch.equal(got, expected)

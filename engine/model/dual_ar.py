@@ -459,7 +459,7 @@ class DualARTransformer(nn.Module):
         run_block = run_block or call_block
         x = self.embed(columns)
         rope = self.rope_slow[kv_views[0].positions]
-        for layer, kv in zip(self.layers, kv_views):
+        for layer, kv in zip(self.layers, kv_views, strict=True):
             x = run_block(layer, x, rope, kv)
         return x
 
@@ -476,15 +476,17 @@ class DualARTransformer(nn.Module):
     # ---- fast transformer -------------------------------------------------------------------
 
     def forward_fast(self, x: Tensor, kv_views: list[KVView], n_logits: int | None = None,
-                     run_block=None, run_head=norm_then_linear) -> Tensor | None:
+                     run_block=None, run_head=norm_then_linear, rope: Tensor | None = None) -> Tensor | None:
         """One fast position for every row. x: (B, 1, fast_dim) -> logits (B, 1, n_logits).
 
         n_logits: the leading output columns wanted (None: all codebook_size; 0: none, the call only
         fills the fast KV cache). Fewer columns read fewer weight rows and give identical values.
+        rope: the rotation at the views' positions, if the caller has it (else looked up here).
         """
         run_block = run_block or call_block
-        rope = self.rope_fast[kv_views[0].positions]
-        for layer, kv in zip(self.fast_layers, kv_views):
+        if rope is None:
+            rope = self.rope_fast[kv_views[0].positions]
+        for layer, kv in zip(self.fast_layers, kv_views, strict=True):
             x = run_block(layer, x, rope, kv)
         if n_logits == 0:
             return None

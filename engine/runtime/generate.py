@@ -14,6 +14,8 @@ from typing import Callable, Iterator
 import torch
 from torch import Tensor
 
+import torch.nn.functional as F
+
 from ..model.dual_ar import DualARTransformer, call_block, norm_then_linear
 from .kv_cache import KVCache
 from .sampling import REPETITION_WINDOW, SamplingTensors, noise_counter, sample
@@ -58,7 +60,8 @@ class FullVocabHead:
 
     def __init__(self, model: DualARTransformer):
         self.model = model
-        self.first_padding_id = model.layout.semantic_end_id + 1
+        self.begin, self.end = model.layout.semantic_begin_id, model.layout.semantic_end_id
+        self.first_padding_id = self.end + 1
 
     def logits(self, hidden: Tensor, run_head=None) -> Tensor:
         """run_head is ignored: this exact mode always runs the plain vocabulary-wide head."""
@@ -72,6 +75,15 @@ class FullVocabHead:
 
     def token_of(self, indices: Tensor) -> Tensor:
         return indices
+
+    def code_of(self, tokens: Tensor) -> Tensor:
+        return semantic_code(tokens, self.begin, self.end)
+
+
+def semantic_code(tokens: Tensor, begin: int, end: int) -> Tensor:
+    """Codebook 0's code of each token: its offset among the semantic tokens begin..end, 0 for others."""
+    is_semantic = (tokens >= begin) & (tokens <= end)
+    return torch.where(is_semantic, tokens - begin, torch.zeros_like(tokens))
 
 
 class SemanticHead:
@@ -104,6 +116,28 @@ class SemanticHead:
     def token_of(self, indices: Tensor) -> Tensor:
         return self.ids[indices]
 
+    def code_of(self, tokens: Tensor) -> Tensor:
+        return semantic_code(tokens, self.begin, self.begin + self.n_semantic - 1)
+
+
+def sample_first_code(head, logits: Tensor, params: SamplingTensors, history: Tensor, valid: Tensor,
+                      counter: Tensor, embeddings: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Codebook 0 from the slow head's logits: the sampled tokens (B,), their codes (B,) and the codes'
+    fast embeddings (B, 1, dim), the input of fast position 1. history (B, W): the tokens before.
+    One unit, so that a compiled step does the head's bookkeeping in its sampling kernels."""
+    seen, known = head.index_of(history)
+    tokens = head.token_of(sample(logits, params, seen, valid & known, counter))
+    codes = head.code_of(tokens)
+    return tokens, codes, F.embedding(codes, embeddings).unsqueeze(1)
+
+
+def sample_and_embed(logits: Tensor, params: SamplingTensors, history: Tensor, valid: Tensor, counter: Tensor,
+                     embeddings: Tensor) -> tuple[Tensor, Tensor]:
+    """A fast codebook's sampled codes (B,) and their embeddings (B, 1, dim), the next fast position's
+    input: one unit, so that a compiled step gathers the embeddings in its sampling kernels' region."""
+    codes = sample(logits, params, history, valid, counter)
+    return codes, F.embedding(codes, embeddings).unsqueeze(1)
+
 
 @dataclass(frozen=True)
 class StepOps:
@@ -113,7 +147,8 @@ class StepOps:
 
     slow_block: Callable = call_block
     fast_block: Callable = call_block
-    sample: Callable = sample
+    sample_first: Callable = sample_first_code  # codebook 0
+    sample_code: Callable = sample_and_embed  # codebooks 1..9
     head: Callable = norm_then_linear  # (norm, weight, x) -> logits: codebook 0's (SemanticHead) and the fast one's
 
 
@@ -124,24 +159,26 @@ def sample_frame(model: DualARTransformer, head, hidden: Tensor, params: Samplin
     batch = hidden.shape[0]
     valid = history.valid()
 
-    seen, known = head.index_of(history.ids[:, 0])
-    index = ops.sample(head.logits(hidden, ops.head), params, seen, valid & known, noise_counter(history.generated, 0))
-    token = head.token_of(index)
-    is_semantic = (token >= layout.semantic_begin_id) & (token <= layout.semantic_end_id)
-    codes = [torch.where(is_semantic, token - layout.semantic_begin_id, torch.zeros_like(token))]
+    # Every codebook's noise counter and every fast position's rotation, each made once per frame.
+    counters = noise_counter(history.generated[:, None], torch.arange(n_codebooks, device=hidden.device))
+    fast_rope = model.rope_fast[:n_codebooks].expand(batch, *model.rope_fast[:n_codebooks].shape).contiguous()
 
+    token, code, first_input = ops.sample_first(head, head.logits(hidden, ops.head), params, history.ids[:, 0], valid,
+                                                counters[:, 0], model.fast_embeddings.weight)
+    codes = [code]
     x = hidden
     for k in range(n_codebooks):
-        if k > 0:
-            x = model.fast_embeddings(codes[-1]).unsqueeze(1)
         # Fast position k reads exactly positions 0..k, all visible: no mask.
         views = fast_cache.views(*fast_cache.codebook_positions(batch, k), all_visible=True)
         # Position 0 only fills the fast cache; codes 1..9 use the first residual_codebook_size logits.
         n_logits = 0 if k == 0 else layout.residual_codebook_size
-        fast_logits = model.forward_fast(x, views, n_logits, ops.fast_block, ops.head)
-        if k > 0:
-            codes.append(ops.sample(fast_logits[:, 0], params, history.ids[:, k], valid,
-                                    noise_counter(history.generated, k)))
+        fast_logits = model.forward_fast(x, views, n_logits, ops.fast_block, ops.head, fast_rope[:, k:k + 1])
+        if k == 0:
+            x = first_input
+        else:
+            code, x = ops.sample_code(fast_logits[:, 0], params, history.ids[:, k], valid, counters[:, k],
+                                      model.fast_embeddings.weight)
+            codes.append(code)
     frame = torch.stack([token] + codes, dim=1)
     history.push(frame, advance)
     return frame

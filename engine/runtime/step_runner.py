@@ -21,9 +21,8 @@ from ..compilation import CompilePolicy
 from ..model.dual_ar import DualARTransformer, KVView, call_block, fused_norm_then_linear
 from .cuda_graphs import capture
 from .decode_step import DecodeState, decode_step
-from .generate import FullVocabHead, SemanticHead, StepOps
+from .generate import FullVocabHead, SemanticHead, StepOps, sample_and_embed, sample_first_code
 from .kv_cache import KVCache
-from .sampling import sample
 
 MIN_KV_BUCKET = 256
 # Prefill attention without cuDNN: cuDNN builds an execution plan for every new (query, key) length,
@@ -133,7 +132,7 @@ class StepRunner:
 
     def _build_step(self):
         # Regional compilation: one compiled transformer block serves all 28 slow layers, one the 4
-        # fast ones, one compiled sampler every codebook; the eager glue between them is
+        # fast ones, one compiled sampler codebook 0 and one the others; the eager glue between them is
         # captured in the same CUDA graph, so it costs no launch overhead at replay.
         ops = StepOps()
         self.prefill_block = call_block
@@ -144,7 +143,8 @@ class StepRunner:
             def compiled(fn):
                 return _leading_dims_generic(torch.compile(fn, fullgraph=True, backend=backend))
 
-            ops = StepOps(compiled(_slow_block), compiled(_fast_block), compiled(sample))
+            ops = StepOps(compiled(_slow_block), compiled(_fast_block), compiled(sample_first_code),
+                          compiled(sample_and_embed))
             if self.policy.fused_projections:
                 fused = self.model.use_fused_projections()
                 if fused:
