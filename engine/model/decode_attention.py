@@ -28,9 +28,11 @@ import torch
 import triton
 import triton.language as tl
 from torch import Tensor
+from torch.fx.experimental.symbolic_shapes import statically_known_true
+from torch.library import triton_op, wrap_triton
 
 from ..compilation import pdl_available
-from .launch_control import wait_for_inputs
+from .launch_control import let_dependents_launch
 
 # Keys per program, and per inner iteration. Timed on an H100 (docs/PERFORMANCE.md): 256 keys at
 # batch 16-64 (2.6 TB/s), 64 at batch 1, where 256 would leave most SMs idle.
@@ -69,16 +71,8 @@ def _attend_split(qkv_ptr, q_norm_ptr, k_norm_ptr, eps, rope_ptr, positions_ptr,
                   rows: tl.constexpr, head_dim: tl.constexpr, has_qk_norm: tl.constexpr,
                   split_keys: tl.constexpr, block_keys: tl.constexpr, ieee: tl.constexpr, direct: tl.constexpr,
                   pdl: tl.constexpr):
-    if pdl:  # launched early: wait for the kernel before (everything below reads or writes after it)
-        after = wait_for_inputs()
-        qkv_ptr += after
-        rope_ptr += after
-        positions_ptr += after
-        k_ptr += after
-        v_ptr += after
-        partial_ptr += after
-        lse_ptr += after
-        out_ptr += after
+    if pdl:  # the kernel after (a projection) may launch now and load its weights; it waits for our output
+        positions_ptr += let_dependents_launch()
     b, h, split = tl.program_id(0).to(tl.int64), tl.program_id(1), tl.program_id(2)
     dtype = qkv_ptr.dtype.element_ty
     position = tl.load(positions_ptr + b)
@@ -141,10 +135,7 @@ def _attend_split(qkv_ptr, q_norm_ptr, k_norm_ptr, eps, rope_ptr, positions_ptr,
 def _merge_splits(partial_ptr, lse_ptr, out_ptr, splits, group: tl.constexpr, head_dim: tl.constexpr,
                   pdl: tl.constexpr):
     if pdl:
-        after = wait_for_inputs()
-        partial_ptr += after
-        lse_ptr += after
-        out_ptr += after
+        lse_ptr += let_dependents_launch()
     row, g = tl.program_id(0).to(tl.int64), tl.program_id(1)  # row: (batch row, kv head) flattened
     d = tl.arange(0, head_dim)
     one = tl.arange(0, 1)
@@ -192,14 +183,13 @@ def launch(attend, merge, qkv: Tensor, q_norm: Tensor | None, k_norm: Tensor | N
         scale_log2=head_dim ** -0.5 * log2e, n_heads=n_heads, kv_heads=kv_heads, group=group,
         rows=max(MIN_DOT, triton.next_power_of_2(group)), head_dim=head_dim, has_qk_norm=q_norm is not None,
         split_keys=split_keys, block_keys=min(BLOCK_KEYS, split_keys), ieee=qkv.dtype == torch.float32,
-        direct=direct, pdl=pdl, launch_pdl=pdl, num_warps=NUM_WARPS, num_stages=NUM_STAGES)
+        direct=direct, pdl=pdl, num_warps=NUM_WARPS, num_stages=NUM_STAGES)
     if not direct:
-        merge[(batch * kv_heads, group)](partial, lse, out, splits, group=group, head_dim=head_dim, pdl=pdl,
-                                         launch_pdl=pdl)
+        merge[(batch * kv_heads, group)](partial, lse, out, splits, group=group, head_dim=head_dim, pdl=pdl)
     return out
 
 
-@torch.library.custom_op("s1mini::decode_attention", mutates_args={"k_cache", "v_cache"})
+@triton_op("s1mini::decode_attention", mutates_args={"k_cache", "v_cache"})
 def decode_attention(qkv: Tensor, q_norm: Tensor | None, k_norm: Tensor | None, eps: float, rope: Tensor,
                      k_cache: Tensor, v_cache: Tensor, positions: Tensor, n_keys: int, n_heads: int) -> Tensor:
     """One new token per row: the rest of Attention.attend after the QKV projection, in one kernel
@@ -211,11 +201,6 @@ def decode_attention(qkv: Tensor, q_norm: Tensor | None, k_norm: Tensor | None, 
     int64. Row b's key and value are written at positions[b], then its queries attend keys
     0..min(positions[b] + 1, n_keys) - 1. Returns (B, n_heads D) in qkv's dtype; scores, softmax
     and sums in fp32. For torch.compile, see the module docstring on the caches."""
-    return launch(_attend_split, _merge_splits, qkv, q_norm, k_norm, eps, rope, k_cache, v_cache, positions, n_keys,
-                  n_heads, qkv.shape[0] == 1)
-
-
-@decode_attention.register_fake
-def _(qkv: Tensor, q_norm: Tensor | None, k_norm: Tensor | None, eps: float, rope: Tensor,
-      k_cache: Tensor, v_cache: Tensor, positions: Tensor, n_keys: int, n_heads: int) -> Tensor:
-    return qkv.new_empty((qkv.shape[0], n_heads * k_cache.shape[-1]))
+    one_row = statically_known_true(qkv.shape[0] == 1)
+    return launch(wrap_triton(_attend_split), wrap_triton(_merge_splits), qkv, q_norm, k_norm, eps, rope,
+                  k_cache, v_cache, positions, n_keys, n_heads, one_row)
