@@ -19,7 +19,10 @@ which writes the output itself: one kernel, no merge.
 Registered as a torch.library.triton_op so that Inductor compiles it into the step's graph (and
 CUDA graphs capture it). It writes the caches it is given, which Inductor (torch 2.11) compiles
 right only when they come into the compiled code as inputs, K and V tensors of their own (see
-dual_ar.Attention.use_decode_kernel). Importing this module needs Triton and torch >= 2.6.
+dual_ar.Attention.use_decode_kernel). On Hopper and newer both kernels let the kernel after them
+(a fused_linear projection, launched with PDL) start launching and load its weights early; they
+are launched without PDL themselves (a custom op launched with it was slower: docs/PERFORMANCE.md).
+Importing this module needs Triton and torch >= 2.6.
 """
 
 from __future__ import annotations
