@@ -20,7 +20,7 @@ Few columns per program and whole rows of W per iteration keep many loads in fli
 memory (scripts/bench_fused_linear.py), the slow block's four projections take ~20 us against ~33
 us compiled from the plain ops. Batched rows keep cuBLAS, which was faster there.
 
-Programmatic dependent launch (Hopper and newer, see pdl_available): the kernel launches while the
+Programmatic dependent launch (Hopper and newer, see compilation.pdl_available): the kernel launches while the
 kernel before it still runs, loads its first block of weights, and only then waits for that
 kernel's writes; timed alone, 10-30% off each projection. Inductor launches the Triton kernels of a
 triton_op without PDL (torch 2.11: its metadata for user kernels has no launch_pdl), so this is a
