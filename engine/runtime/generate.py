@@ -12,11 +12,10 @@ from dataclasses import dataclass
 from typing import Callable, Iterator
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
-import torch.nn.functional as F
-
-from ..model.dual_ar import DualARTransformer, call_block, norm_then_linear
+from ..model.dual_ar import DualARTransformer, TokenLayout, call_block, norm_then_linear
 from .kv_cache import KVCache
 from .sampling import REPETITION_WINDOW, SamplingTensors, noise_counter, sample
 
@@ -60,8 +59,7 @@ class FullVocabHead:
 
     def __init__(self, model: DualARTransformer):
         self.model = model
-        self.begin, self.end = model.layout.semantic_begin_id, model.layout.semantic_end_id
-        self.first_padding_id = self.end + 1
+        self.first_padding_id = model.layout.semantic_end_id + 1
 
     def logits(self, hidden: Tensor, run_head=None) -> Tensor:
         """run_head is ignored: this exact mode always runs the plain vocabulary-wide head."""
@@ -76,14 +74,11 @@ class FullVocabHead:
     def token_of(self, indices: Tensor) -> Tensor:
         return indices
 
-    def code_of(self, tokens: Tensor) -> Tensor:
-        return semantic_code(tokens, self.begin, self.end)
 
-
-def semantic_code(tokens: Tensor, begin: int, end: int) -> Tensor:
-    """Codebook 0's code of each token: its offset among the semantic tokens begin..end, 0 for others."""
-    is_semantic = (tokens >= begin) & (tokens <= end)
-    return torch.where(is_semantic, tokens - begin, torch.zeros_like(tokens))
+def semantic_code(tokens: Tensor, layout: TokenLayout) -> Tensor:
+    """Codebook 0's code of each token: its offset among the semantic tokens, 0 for others."""
+    is_semantic = (tokens >= layout.semantic_begin_id) & (tokens <= layout.semantic_end_id)
+    return torch.where(is_semantic, tokens - layout.semantic_begin_id, torch.zeros_like(tokens))
 
 
 class SemanticHead:
@@ -116,9 +111,6 @@ class SemanticHead:
     def token_of(self, indices: Tensor) -> Tensor:
         return self.ids[indices]
 
-    def code_of(self, tokens: Tensor) -> Tensor:
-        return semantic_code(tokens, self.begin, self.begin + self.n_semantic - 1)
-
 
 def sample_first_code(head, logits: Tensor, params: SamplingTensors, history: Tensor, valid: Tensor,
                       counter: Tensor, embeddings: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -127,7 +119,7 @@ def sample_first_code(head, logits: Tensor, params: SamplingTensors, history: Te
     One unit, so that a compiled step does the head's bookkeeping in its sampling kernels."""
     seen, known = head.index_of(history)
     tokens = head.token_of(sample(logits, params, seen, valid & known, counter))
-    codes = head.code_of(tokens)
+    codes = semantic_code(tokens, head.model.layout)
     return tokens, codes, F.embedding(codes, embeddings).unsqueeze(1)
 
 
@@ -161,7 +153,7 @@ def sample_frame(model: DualARTransformer, head, hidden: Tensor, params: Samplin
 
     # Every codebook's noise counter and every fast position's rotation, each made once per frame.
     counters = noise_counter(history.generated[:, None], torch.arange(n_codebooks, device=hidden.device))
-    fast_rope = model.rope_fast[:n_codebooks].expand(batch, *model.rope_fast[:n_codebooks].shape).contiguous()
+    fast_rope = model.rope_fast[None, :n_codebooks].expand(batch, -1, -1, -1).contiguous()
 
     token, code, first_input = ops.sample_first(head, head.logits(hidden, ops.head), params, history.ids[:, 0], valid,
                                                 counters[:, 0], model.fast_embeddings.weight)
