@@ -55,7 +55,6 @@ class CompilePolicy:
     int8_weights: bool = False  # the transformer runs torchao int8 weights (--quantize int8)
     pdl: bool = True  # programmatic dependent launch between Triton kernels (Hopper and newer); see decide()
     fused_projections: bool = True  # the decode step's projections as fused_linear kernels (Block.use_fused_projections)
-    fused_sampling: bool = True  # batch 1's fast codebooks sampled by one kernel each (runtime/fused_sampling.py)
 
     @property
     def inductor_options(self) -> dict:
@@ -153,11 +152,9 @@ def decide(mode: str, device: torch.device, env: Environment | None = None,
                               "triton-windows matching your torch); use --no-compile to run eager")
         return CompilePolicy(False, True, f"no Triton on {env.os}: eager step in CUDA graphs")
     pdl = pdl_requested()
-    # 0: for comparisons (scripts/profile_step.py)
-    fused = os.environ.get("S1_MINI_FUSED_PROJECTIONS", "1") != "0"
-    fused_sampling = os.environ.get("S1_MINI_FUSED_SAMPLING", "1") != "0"
+    fused = os.environ.get("S1_MINI_FUSED_PROJECTIONS", "1") != "0"  # 0: for comparisons (scripts/profile_step.py)
     return CompilePolicy(True, True, f"CUDA with Triton {env.triton} on {env.os}", compile_mode, quantize == "int8",
-                         pdl, fused, fused_sampling)
+                         pdl, fused)
 
 
 def _inductor_default_cache_dir() -> str | None:

@@ -2,7 +2,6 @@
 """Where a decode frame's time goes: kernels per frame and GPU time per kernel kind.
 
     python scripts/profile_step.py --weights random [--compile on|off] [--quantize int8] [--pdl on|off] [--fused-projections on|off]
-                                   [--fused-sampling on|off]
                                    [--batch 64] [--inductor combo_kernels=True ...] [--json out.json]
 
 Times the graphed step (one batch size, default 1, and one kv bucket; "per frame" means per step of
@@ -37,9 +36,6 @@ def main(argv=None) -> int:
                    help="programmatic dependent launch between Triton kernels (the engine's default: on)")
     p.add_argument("--fused-projections", default="on", choices=["on", "off"],
                    help="the projections as fused Triton kernels (engine/model/fused_linear.py; the engine's default: on)")
-    p.add_argument("--fused-sampling", default="on", choices=["on", "off"],
-                   help="batch 1's fast codebooks sampled by one Triton kernel each (engine/runtime/fused_sampling.py; "
-                        "the engine's default: on)")
     p.add_argument("--frames", type=int, default=20)
     p.add_argument("--kv", type=int, default=512, help="kv bucket to profile")
     p.add_argument("--batch", type=int, default=1, help="rows stepped together (each at kv / 2 positions when above 1)")
@@ -66,8 +62,7 @@ def main(argv=None) -> int:
     cache = KVCache(c.n_layer, args.batch, c.n_local_heads, 4096, c.head_dim, models.placement.dtype, "cuda")
     policy = dataclasses.replace(compilation.decide(args.compile, torch.device("cuda"), compile_mode=args.compile_mode,
                                                     quantize=args.quantize), pdl=args.pdl == "on",
-                                 fused_projections=args.fused_projections == "on",
-                                 fused_sampling=args.fused_sampling == "on")
+                                 fused_projections=args.fused_projections == "on")
     runner = StepRunner(model, cache, policy)
     runner.prepare([args.batch])
     start_position = 100 if args.batch == 1 else args.kv // 2
@@ -97,8 +92,7 @@ def main(argv=None) -> int:
     total_us = sum(e.device_time for e in kernels)
     result = {
         "device": torch.cuda.get_device_name(0), "torch": torch.__version__, "compile": policy.describe(),
-        "quantize": args.quantize, "pdl": args.pdl, "fused_projections": args.fused_projections,
-        "fused_sampling": args.fused_sampling, "inductor": args.inductor,
+        "quantize": args.quantize, "pdl": args.pdl, "fused_projections": args.fused_projections, "inductor": args.inductor,
         "batch": args.batch, "kv_bucket": args.kv, "graphed_ms_per_frame": graphed_ms, "graphed_frames_per_s": args.batch * 1000 / graphed_ms,
         "kernels_per_frame": len(kernels) / args.frames, "gpu_ms_per_frame": total_us / args.frames / 1000,
         "top_kernels": kernel_kinds(kernels, args.frames)[:25],

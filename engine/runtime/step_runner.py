@@ -24,11 +24,6 @@ from .decode_step import DecodeState, decode_step
 from .generate import FullVocabHead, SemanticHead, StepOps, sample_and_embed, sample_first_code
 from .kv_cache import KVCache
 
-try:  # batch 1's sampling kernel
-    from . import fused_sampling
-except ImportError:  # no Triton (or a broken one, as engine.compilation treats it): compiled ops sample
-    fused_sampling = None
-
 MIN_KV_BUCKET = 256
 # Prefill attention without cuDNN: cuDNN builds an execution plan for every new (query, key) length,
 # ~1.6 ms of host time per layer (45 ms per prefill of a new length), and a trace of a new server's
@@ -112,19 +107,6 @@ def _leading_dims_generic(compiled_fn):
     return run
 
 
-def _one_row_fused(compiled_sample_and_embed):
-    """sample_and_embed that samples a lone row's codebook with fused_sampling's one kernel (five
-    compiled kernels otherwise) and more rows with the compiled ops."""
-
-    def sample_code(logits, params, history, valid, counter, embeddings):
-        if logits.shape[0] == 1 and logits.is_cuda:
-            return fused_sampling.sample_codebook(logits, params.temperature, params.top_p, params.repetition_penalty,
-                                                  params.noise_key, counter, history, valid, embeddings)
-        return compiled_sample_and_embed(logits, params, history, valid, counter, embeddings)
-
-    return sample_code
-
-
 class StepRunner:
     def __init__(self, model: DualARTransformer, cache: KVCache, policy: CompilePolicy, *, exact_vocab: bool = False):
         c = model.config
@@ -169,11 +151,6 @@ class StepRunner:
                     ops = dataclasses.replace(ops, head=fused_norm_then_linear)
                 logger.info("decode projections: {}", "fused Triton kernels" if fused else "compiled matmuls "
                             "(fused kernels need Triton and plain or int8 weights)")
-            fused_sampler = self.policy.fused_sampling and fused_sampling is not None
-            if fused_sampler:
-                ops = dataclasses.replace(ops, sample_code=_one_row_fused(ops.sample_code))
-            logger.info("decode sampling at batch 1: {}", "one Triton kernel per fast codebook" if fused_sampler
-                        else "compiled PyTorch ops")
             attention = self.model.use_decode_kernels()
             logger.info("decode attention: {}", "one Triton kernel per layer" if attention else "compiled PyTorch ops")
             # Prefill lengths vary: no max-autotune (autotuning every length would take minutes),
