@@ -64,6 +64,15 @@ def test_bf16_is_as_close_to_fp32_as_the_plain_bf16_ops(shape):
     assert kernel_error <= 1.5 * plain_error + 1e-3
 
 
+@pytest.mark.parametrize("hint", ["evict_first", "evict_last"])
+def test_an_l2_cache_hint_changes_no_result(hint):
+    """The slow and fast blocks load their weights with L2 hints (DualARTransformer.weight_cache_hints)."""
+    for shape in SHAPES[:4]:
+        x, weight, norm_weight, residual, eps, gated = operands(1, *shape, torch.bfloat16)
+        without = fused.fused_linear(x, weight, None, norm_weight, residual, eps, gated)
+        assert torch.equal(fused.fused_linear(x, weight, None, norm_weight, residual, eps, gated, hint), without)
+
+
 def int8_rows(weight):
     """weight as int8 with one scale per row, the scales (R,), and the weight those give back."""
     q, scale = quantization.int8_rows(weight)

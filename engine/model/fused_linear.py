@@ -25,7 +25,10 @@ kernel before it still runs, loads its first block of weights, and only then wai
 kernel's writes; timed alone, 10-30% off each projection. Inductor launches the Triton kernels of a
 triton_op without PDL (torch 2.11: its metadata for user kernels has no launch_pdl), so this is a
 custom op, opaque to Inductor, that launches the kernel itself; CUDA graphs capture it the same way.
-Importing this module needs Triton and torch >= 2.6.
+
+The weight loads can carry an L2 cache hint (weight_eviction: "evict_first" for weights read once a
+frame, "evict_last" for ones read again soon); hints change no result (see
+DualARTransformer.weight_cache_hints). Importing this module needs Triton and torch >= 2.6.
 """
 
 from __future__ import annotations
@@ -57,7 +60,7 @@ class Launch:
 def _fused_linear(x_ptr, w_ptr, w_scale_ptr, norm_ptr, residual_ptr, out_ptr, eps,
                   K: tl.constexpr, N: tl.constexpr, has_w_scale: tl.constexpr, has_norm: tl.constexpr,
                   gated: tl.constexpr, has_residual: tl.constexpr, block_n: tl.constexpr, block_k: tl.constexpr,
-                  pdl: tl.constexpr):
+                  pdl: tl.constexpr, weight_eviction: tl.constexpr):
     n = tl.program_id(0) * block_n + tl.arange(0, block_n)
     k = tl.arange(0, block_k)
     live_n = n < N
@@ -65,9 +68,9 @@ def _fused_linear(x_ptr, w_ptr, w_scale_ptr, norm_ptr, residual_ptr, out_ptr, ep
     # The first block of weights: loaded before anything the kernel before writes (wait_for_inputs).
     w_rows = w_ptr + n[:, None] * K
     live = live_n[:, None] & (k < K)[None, :]
-    w_block = tl.load(w_rows + k[None, :], mask=live, other=0.0)
+    w_block = tl.load(w_rows + k[None, :], mask=live, other=0.0, eviction_policy=weight_eviction)
     if gated:
-        up_block = tl.load(w_rows + N * K + k[None, :], mask=live, other=0.0)
+        up_block = tl.load(w_rows + N * K + k[None, :], mask=live, other=0.0, eviction_policy=weight_eviction)
     if pdl:
         after = wait_for_inputs()
         x_ptr += after
@@ -93,9 +96,9 @@ def _fused_linear(x_ptr, w_ptr, w_scale_ptr, norm_ptr, residual_ptr, out_ptr, ep
         # The next block (none past K): in flight while this one's products are summed.
         next_k = k0 + block_k + k
         live = live_n[:, None] & (next_k < K)[None, :]
-        w_block = tl.load(w_rows + next_k[None, :], mask=live, other=0.0)
+        w_block = tl.load(w_rows + next_k[None, :], mask=live, other=0.0, eviction_policy=weight_eviction)
         if gated:
-            up_block = tl.load(w_rows + N * K + next_k[None, :], mask=live, other=0.0)
+            up_block = tl.load(w_rows + N * K + next_k[None, :], mask=live, other=0.0, eviction_policy=weight_eviction)
     sums = tl.sum(products, 1)
     up_sums = tl.sum(up_products, 1)
     if has_w_scale:  # int8 rows: one scale per output row (gate rows, then up rows)
@@ -113,7 +116,8 @@ def _fused_linear(x_ptr, w_ptr, w_scale_ptr, norm_ptr, residual_ptr, out_ptr, ep
 
 
 def launch(kernel, x: Tensor, weight: Tensor, weight_scale: Tensor | None, norm_weight: Tensor | None,
-           residual: Tensor | None, eps: float, gated: bool, settings: Launch = Launch()) -> Tensor:
+           residual: Tensor | None, eps: float, gated: bool, settings: Launch = Launch(),
+           weight_eviction: str = "") -> Tensor:
     """Run `kernel` (_fused_linear) on the operands; see fused_linear."""
     torch._check(x.shape[0] == 1, lambda: "fused_linear takes one row")
     depth = x.shape[1]
@@ -126,21 +130,23 @@ def launch(kernel, x: Tensor, weight: Tensor, weight_scale: Tensor | None, norm_
         x if norm_weight is None else norm_weight, x if residual is None else residual.contiguous(),
         out, eps, K=depth, N=columns, has_w_scale=weight_scale is not None, has_norm=norm_weight is not None,
         gated=gated, has_residual=residual is not None, block_n=settings.block_n,
-        block_k=min(settings.block_k, triton.next_power_of_2(depth)), pdl=pdl, launch_pdl=pdl,
+        block_k=min(settings.block_k, triton.next_power_of_2(depth)), pdl=pdl, launch_pdl=pdl, weight_eviction=weight_eviction,
         num_warps=settings.num_warps, num_stages=settings.num_stages)
     return out
 
 
 @torch.library.custom_op("s1mini::fused_linear", mutates_args=())
 def fused_linear(x: Tensor, weight: Tensor, weight_scale: Tensor | None, norm_weight: Tensor | None,
-                 residual: Tensor | None, eps: float, gated: bool) -> Tensor:
+                 residual: Tensor | None, eps: float, gated: bool, weight_eviction: str = "") -> Tensor:
     """x (1, K); weight (N, K), or (2N, K) gate rows then up rows when gated, in x's dtype, or int8
     with weight_scale (N,) or (2N,) one scale per row (else None); norm_weight (K,) or None;
-    residual (1, N) or None. Returns (1, N) in x's dtype; see the module docstring."""
-    return launch(_fused_linear, x, weight, weight_scale, norm_weight, residual, eps, gated)
+    residual (1, N) or None; weight_eviction: the L2 cache hint of the weight loads ("",
+    "evict_first" or "evict_last"). Returns (1, N) in x's dtype; see the module docstring."""
+    return launch(_fused_linear, x, weight, weight_scale, norm_weight, residual, eps, gated,
+                  weight_eviction=weight_eviction)
 
 
 @fused_linear.register_fake
 def _(x: Tensor, weight: Tensor, weight_scale: Tensor | None, norm_weight: Tensor | None,
-      residual: Tensor | None, eps: float, gated: bool) -> Tensor:
+      residual: Tensor | None, eps: float, gated: bool, weight_eviction: str = "") -> Tensor:
     return x.new_empty((1, weight.shape[0] // 2 if gated else weight.shape[0]))
