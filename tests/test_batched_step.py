@@ -121,3 +121,41 @@ def test_the_step_sampler_units_trace_whole_and_equal_their_plain_calls(s1_dir, 
     for got, expected in zip(traced(fast_logits, params, history, valid, counter, table),
                              sample_and_embed(fast_logits, params, history, valid, counter, table), strict=True):
         assert torch.equal(got, expected)
+
+
+def test_the_step_embedding_and_bookkeeping_units_trace_whole_and_equal_their_plain_calls(s1_dir, s1_expected):
+    """The compiled step compiles embed_and_rotation and record_frame as regions of their own
+    (fullgraph): traced, they give the plain call's inputs and leave the decode state as it does,
+    idle rows and a row ending on <|im_end|> included."""
+    import copy
+
+    from engine.model.dual_ar import embed_and_rotation
+    from engine.runtime.decode_step import DecodeState, record_frame
+
+    ids = s1_expected["special_ids"]
+    model = load_dual_ar(s1_dir, TokenLayout(ids["semantic_begin"], ids["semantic_end"], ids["im_end"]),
+                         "cpu", torch.float32)
+    n_codebooks, batch = model.config.num_codebooks, 3
+    gen = torch.Generator().manual_seed(0)
+    columns = torch.randint(0, model.config.codebook_size, (batch, n_codebooks + 1, 1), generator=gen)
+    columns[:, 0] = torch.tensor([[ids["semantic_begin"] + 5], [ids["im_end"]], [ids["semantic_end"]]])
+    positions = torch.tensor([[3], [40], [7]])
+    traced = torch.compile(embed_and_rotation, fullgraph=True, backend="aot_eager")
+    for got, expected in zip(traced(model, columns, positions), embed_and_rotation(model, columns, positions),
+                             strict=True):
+        assert torch.equal(got, expected)
+
+    state = DecodeState.allocate(batch, n_codebooks, 32, "cpu")
+    for slot in (0, 1):  # slot 2 stays idle
+        state.start(slot, columns[slot, :, 0], 10 + slot, 0.7, 0.8, 1.1, slot)
+    state.history.generated[1] = 20  # past the history window: its entries wrap around
+    expected_state = copy.deepcopy(state)
+    frame = torch.randint(0, model.config.codebook_size, (batch, n_codebooks + 1), generator=gen)
+    frame[1, 0] = ids["im_end"]
+    torch.compile(record_frame, fullgraph=True, backend="aot_eager")(state, frame, ids["im_end"])
+    record_frame(expected_state, frame, ids["im_end"])
+    for name in ("columns", "positions", "frames", "done", "length", "active"):
+        assert torch.equal(getattr(state, name), getattr(expected_state, name)), name
+    assert torch.equal(state.history.ids, expected_state.history.ids)
+    assert torch.equal(state.history.generated, expected_state.history.generated)
+    assert state.done.tolist() == [False, True, False] and state.positions.tolist() == [11, 12, 0]

@@ -364,6 +364,12 @@ def call_block(layer: Block, x: Tensor, rope: Tensor, kv: KVView) -> Tensor:
     return layer(x, rope, kv)
 
 
+def embed_and_rotation(model: "DualARTransformer", columns: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
+    """The slow transformer's inputs: the embeddings of columns (B, 1 + num_codebooks, S) and the
+    rotations at positions (B, S)."""
+    return model.embed(columns), model.rope_slow[positions]
+
+
 def norm_then_linear(norm: RMSNorm, weight: Tensor, x: Tensor) -> Tensor:
     """An output head: logits = norm(x) @ weight^T."""
     return F.linear(norm(x), weight)
@@ -468,14 +474,14 @@ class DualARTransformer(nn.Module):
             x = torch.where(is_semantic.unsqueeze(-1), x / math.sqrt(self.config.num_codebooks + 1), x)
         return x
 
-    def forward_slow(self, columns: Tensor, kv_views: list[KVView], run_block=None) -> Tensor:
+    def forward_slow(self, columns: Tensor, kv_views: list[KVView], run_block=None, run_embed=None) -> Tensor:
         """Run the slow layers; returns the residual stream after the last layer (before `norm`).
 
-        run_block(layer, x, rope, kv) replaces a plain layer call (e.g. by a compiled one).
+        run_block(layer, x, rope, kv) replaces a plain layer call (e.g. by a compiled one), and
+        run_embed(model, columns, positions) the input embeddings and rotations (embed_and_rotation).
         """
         run_block = run_block or call_block
-        x = self.embed(columns)
-        rope = self.rope_slow[kv_views[0].positions]
+        x, rope = (run_embed or embed_and_rotation)(self, columns, kv_views[0].positions)
         for layer, kv in zip(self.layers, kv_views, strict=True):
             x = run_block(layer, x, rope, kv)
         return x

@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from ..model.dual_ar import DualARTransformer
-from .generate import FrameHistory, StepOps, sample_frame
+from .generate import FrameHistory, StepOps, next_frame
 from .kv_cache import KVCache
 from .sampling import SamplingTensors
 
@@ -81,12 +81,19 @@ def decode_step(model: DualARTransformer, head, cache: KVCache, fast_cache: KVCa
                 key_positions: Tensor, ops: StepOps = StepOps()) -> None:
     """Advance every row of `state` (slots 0..B-1) by one frame. key_positions: arange(kv_len)."""
     views = cache.views(state.positions[:, None], key_positions)
-    hidden = model.forward_slow(state.columns[:, :, None], views, ops.slow_block)
-    frame = sample_frame(model, head, hidden, state.sampling, state.history, fast_cache, ops, advance=state.active)
+    hidden = model.forward_slow(state.columns[:, :, None], views, ops.slow_block, ops.embed)
+    frame = next_frame(model, head, hidden, state.sampling, state.history, fast_cache, ops)
+    (ops.record or record_frame)(state, frame, model.layout.im_end_id)
+
+
+def record_frame(state: DecodeState, frame: Tensor, im_end_id: int) -> None:
+    """Record each row's new frame (B, 1 + num_codebooks): in its history and its frames, and
+    advance the rows that run (one unit, so that a compiled step does it in a few kernels)."""
+    state.history.push(frame, state.active)
     # An idle row (never started: generated is 0) rewrites frame 0 of its unused slot.
     index = (state.history.generated - 1).clamp_min(0)[:, None, None].expand(-1, frame.shape[1], 1)
     state.frames.scatter_(2, index, frame[:, :, None])
-    is_end = frame[:, 0] == model.layout.im_end_id
+    is_end = frame[:, 0] == im_end_id
     state.length += state.active * ~(state.done | is_end)
     state.done |= is_end
     state.columns.copy_(frame)

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..model.dual_ar import DualARTransformer, TokenLayout, call_block, norm_then_linear
+from ..model.dual_ar import DualARTransformer, TokenLayout, call_block, embed_and_rotation, norm_then_linear
 from .kv_cache import KVCache
 from .sampling import REPETITION_WINDOW, SamplingTensors, noise_counter, sample
 
@@ -142,11 +142,22 @@ class StepOps:
     sample_first: Callable = sample_first_code  # codebook 0
     sample_code: Callable = sample_and_embed  # codebooks 1..9
     head: Callable = norm_then_linear  # (norm, weight, x) -> logits: codebook 0's (SemanticHead) and the fast one's
+    embed: Callable = embed_and_rotation  # the slow transformer's inputs from the columns
+    record: Callable | None = None  # decode_step.record_frame's replacement (None: that function itself)
 
 
 def sample_frame(model: DualARTransformer, head, hidden: Tensor, params: SamplingTensors, history: FrameHistory,
                  fast_cache: KVCache, ops: StepOps = StepOps(), advance: Tensor | int = 1) -> Tensor:
-    """hidden (B, 1, dim): slow residual stream at the last position -> frame (B, 1 + num_codebooks) int64."""
+    """hidden (B, 1, dim): slow residual stream at the last position -> frame (B, 1 + num_codebooks)
+    int64, recorded in history (advance: see FrameHistory.push)."""
+    frame = next_frame(model, head, hidden, params, history, fast_cache, ops)
+    history.push(frame, advance)
+    return frame
+
+
+def next_frame(model: DualARTransformer, head, hidden: Tensor, params: SamplingTensors, history: FrameHistory,
+               fast_cache: KVCache, ops: StepOps = StepOps()) -> Tensor:
+    """sample_frame without recording the frame in history (the caller does)."""
     layout, n_codebooks = model.layout, model.config.num_codebooks
     batch = hidden.shape[0]
     valid = history.valid()
@@ -171,9 +182,7 @@ def sample_frame(model: DualARTransformer, head, hidden: Tensor, params: Samplin
             code, x = ops.sample_code(fast_logits[:, 0], params, history.ids[:, k], valid, counters[:, k],
                                       model.fast_embeddings.weight)
             codes.append(code)
-    frame = torch.stack([token] + codes, dim=1)
-    history.push(frame, advance)
-    return frame
+    return torch.stack([token] + codes, dim=1)
 
 
 def frame_budget(prompt_len: int, max_new_tokens: int, capacity: int) -> int:
