@@ -124,13 +124,14 @@ def test_the_step_sampler_units_trace_whole_and_equal_their_plain_calls(s1_dir, 
 
 
 def test_the_step_embedding_and_bookkeeping_units_trace_whole_and_equal_their_plain_calls(s1_dir, s1_expected):
-    """The compiled step compiles embed_and_rotation and record_frame as regions of their own
-    (fullgraph): traced, they give the plain call's inputs and leave the decode state as it does,
-    idle rows and a row ending on <|im_end|> included."""
+    """The compiled step compiles embed_and_rotation, sampling_inputs and record_frame as regions of
+    their own (fullgraph): traced, they give the plain call's values and leave the decode state as
+    it does, idle rows and a row ending on <|im_end|> included."""
     import copy
 
     from engine.model.dual_ar import embed_and_rotation
     from engine.runtime.decode_step import DecodeState, record_frame
+    from engine.runtime.generate import sampling_inputs
 
     ids = s1_expected["special_ids"]
     model = load_dual_ar(s1_dir, TokenLayout(ids["semantic_begin"], ids["semantic_end"], ids["im_end"]),
@@ -149,6 +150,10 @@ def test_the_step_embedding_and_bookkeeping_units_trace_whole_and_equal_their_pl
     for slot in (0, 1):  # slot 2 stays idle
         state.start(slot, columns[slot, :, 0], 10 + slot, 0.7, 0.8, 1.1, slot)
     state.history.generated[1] = 20  # past the history window: its entries wrap around
+    traced_inputs = torch.compile(sampling_inputs, fullgraph=True, backend="aot_eager")
+    for got, expected in zip(traced_inputs(state.history, n_codebooks), sampling_inputs(state.history, n_codebooks),
+                             strict=True):
+        assert torch.equal(got, expected)
     expected_state = copy.deepcopy(state)
     frame = torch.randint(0, model.config.codebook_size, (batch, n_codebooks + 1), generator=gen)
     frame[1, 0] = ids["im_end"]

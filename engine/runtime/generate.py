@@ -112,6 +112,14 @@ class SemanticHead:
         return self.ids[indices]
 
 
+def sampling_inputs(history: FrameHistory, n_codebooks: int) -> tuple[Tensor, Tensor]:
+    """A frame's sampling inputs from each row's history: which entries are valid (B, W) and every
+    codebook's noise counter (B, n_codebooks); one unit, so that a compiled step makes both in one
+    or two kernels."""
+    codebooks = torch.arange(n_codebooks, device=history.generated.device)
+    return history.valid(), noise_counter(history.generated[:, None], codebooks)
+
+
 def sample_first_code(head, logits: Tensor, params: SamplingTensors, history: Tensor, valid: Tensor,
                       counter: Tensor, embeddings: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """Codebook 0 from the slow head's logits: the sampled tokens (B,), their codes (B,) and the codes'
@@ -144,6 +152,7 @@ class StepOps:
     head: Callable = norm_then_linear  # (norm, weight, x) -> logits: codebook 0's (SemanticHead) and the fast one's
     embed: Callable = embed_and_rotation  # the slow transformer's inputs from the columns
     record: Callable | None = None  # decode_step.record_frame's replacement (None: that function itself)
+    sampling_inputs: Callable = sampling_inputs  # the frame's valid history entries and noise counters
 
 
 def sample_frame(model: DualARTransformer, head, hidden: Tensor, params: SamplingTensors, history: FrameHistory,
@@ -160,10 +169,8 @@ def next_frame(model: DualARTransformer, head, hidden: Tensor, params: SamplingT
     """sample_frame without recording the frame in history (the caller does)."""
     layout, n_codebooks = model.layout, model.config.num_codebooks
     batch = hidden.shape[0]
-    valid = history.valid()
-
-    # Every codebook's noise counter and every fast position's rotation, each made once per frame.
-    counters = noise_counter(history.generated[:, None], torch.arange(n_codebooks, device=hidden.device))
+    valid, counters = ops.sampling_inputs(history, n_codebooks)
+    # Every fast position's rotation, made once per frame.
     fast_rope = model.rope_fast[None, :n_codebooks].expand(batch, -1, -1, -1).contiguous()
 
     token, code, first_input = ops.sample_first(head, head.logits(hidden, ops.head), params, history.ids[:, 0], valid,

@@ -21,7 +21,7 @@ from ..compilation import CompilePolicy
 from ..model.dual_ar import DualARTransformer, KVView, call_block, embed_and_rotation, fused_norm_then_linear
 from .cuda_graphs import capture
 from .decode_step import DecodeState, decode_step, record_frame
-from .generate import FullVocabHead, SemanticHead, StepOps, sample_and_embed, sample_first_code
+from .generate import FullVocabHead, SemanticHead, StepOps, sample_and_embed, sample_first_code, sampling_inputs
 from .kv_cache import KVCache
 
 MIN_KV_BUCKET = 256
@@ -132,9 +132,10 @@ class StepRunner:
 
     def _build_step(self):
         # Regional compilation: one compiled transformer block serves all 28 slow layers, one the 4
-        # fast ones, one compiled sampler codebook 0 and one the others, one the frame's input
-        # embeddings and one its bookkeeping at the end; the eager glue between them is captured in
-        # the same CUDA graph, so it costs no launch overhead at replay.
+        # fast ones, one compiled sampler codebook 0 and one the others; the frame's input embeddings,
+        # its sampling inputs and its bookkeeping at the end are regions too. The eager glue left
+        # between them is captured in the same CUDA graph (no launch overhead at replay), but each
+        # eager kernel breaks the chain of programmatic dependent launches.
         ops = StepOps()
         self.prefill_block = call_block
         if self.policy.compile:
@@ -145,7 +146,8 @@ class StepRunner:
                 return _leading_dims_generic(torch.compile(fn, fullgraph=True, backend=backend))
 
             ops = StepOps(compiled(_slow_block), compiled(_fast_block), compiled(sample_first_code),
-                          compiled(sample_and_embed), embed=compiled(embed_and_rotation), record=compiled(record_frame))
+                          compiled(sample_and_embed), embed=compiled(embed_and_rotation), record=compiled(record_frame),
+                          sampling_inputs=compiled(sampling_inputs))
             if self.policy.fused_projections:
                 fused = self.model.use_fused_projections()
                 if fused:
