@@ -1,9 +1,10 @@
 """Frame generation: the plain, obviously correct eager path.
 
 `sample_frame` turns the slow transformer's last hidden state into one frame of 11 ints for every
-row of a batch (codebook 0 from the slow head, codebooks 1..9 from the fast transformer); it is the
-unit that faster runtimes batch and capture. `iter_frames` drives one sequence from its prompt to
-`<|im_end|>` or its frame budget.
+row of a batch (codebook 0 from the slow head, codebooks 1..9 from the fast transformer) and records
+it in the rows' history; `next_frame`, the same without the recording, is the unit that faster
+runtimes batch and capture (decode_step records with the rest of its bookkeeping). `iter_frames`
+drives one sequence from its prompt to `<|im_end|>` or its frame budget.
 """
 
 from __future__ import annotations
