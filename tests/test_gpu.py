@@ -219,17 +219,19 @@ def test_a_graph_collected_during_another_capture_does_not_break_it():
             self.graph, self.me = graph, self
 
     stray, _ = capture(lambda: torch.zeros(1, device="cuda"), torch.cuda.Stream())
-    holder = [Cycle(stray)]
+    holder = [stray]
     del stray
     out = torch.zeros(1, device="cuda")
 
     def step():
-        holder.clear()  # the stray graph's cycle becomes garbage inside the capture
+        # The stray graph's last reference becomes a new garbage cycle inside the capture (young, so
+        # the next automatic collection of the youngest generation would destroy it).
+        Cycle(holder.pop())
         [Cycle(None) for _ in range(100)]  # allocations that trigger automatic collections
         return out.add_(1)
 
     thresholds = gc.get_threshold()
-    gc.set_threshold(1, 1, 1)  # a full collection at (almost) every allocation
+    gc.set_threshold(1)  # a collection of the youngest generation at (almost) every allocation
     try:
         graph, _ = capture(step, torch.cuda.Stream(), warmup=0)  # the first call is the captured one
     finally:
