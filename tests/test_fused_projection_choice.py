@@ -29,6 +29,23 @@ def test_plain_weights_take_the_kernels_and_biased_or_unfused_ones_do_not(monkey
     assert not small_block().use_fused_projections()
 
 
+def test_the_model_gives_each_block_its_l2_hints(monkeypatch, s1_dir, s1_expected):
+    """Slow blocks stream their weights, fast blocks keep wo and w2 (DualARTransformer.weight_cache_hints)."""
+    from engine.model.dual_ar import TokenLayout
+    from engine.model.loading import load_dual_ar
+
+    monkeypatch.setattr(dual_ar, "projection_kernel", types.SimpleNamespace())
+    ids = s1_expected["special_ids"]
+    model = load_dual_ar(s1_dir, TokenLayout(ids["semantic_begin"], ids["semantic_end"], ids["im_end"]),
+                         "cpu", torch.float32)
+    model.fuse_()
+    assert model.use_fused_projections()
+    slow, fast = model.weight_cache_hints()
+    assert [layer.weight_evictions for layer in model.layers] == [slow] * len(model.layers)
+    assert [layer.weight_evictions for layer in model.fast_layers] == [fast] * len(model.fast_layers)
+    assert slow == ("evict_first",) * 4 and fast == ("evict_first", "evict_last", "evict_first", "evict_last")
+
+
 def test_int8_row_scaled_weights_take_the_kernels_and_int8_activations_do_not(monkeypatch):
     tq = pytest.importorskip("torchao.quantization")
     from engine import quantization

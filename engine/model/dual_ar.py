@@ -320,15 +320,14 @@ class Block(nn.Module):
         self.attention_norm = RMSNorm(dim, eps)
         self.fused_projections = False  # set by use_fused_projections()
         self._projection_operands = None  # ((weight, row scales or None) x 4), with fused_projections
-        # L2 cache hints of the four projections' weight loads (qkv, wo, w13, w2); see
-        # DualARTransformer.use_fused_projections.
-        self.weight_evictions = ("", "", "", "")
+        self.weight_evictions = ("", "", "", "")  # the four projections' L2 hints, with fused_projections
 
-    def use_fused_projections(self) -> bool:
+    def use_fused_projections(self, weight_evictions: tuple[str, ...] = ("", "", "", "")) -> bool:
         """Let the compiled batch-1 decode step (one row, one position) run this block's four
         projections as fused_linear kernels, if Triton is there and the weights are ones it reads
         (plain, or int8 with row scales) without biases; other quantized weights keep their own
-        kernels. Returns whether it will."""
+        kernels. weight_evictions: the L2 cache hints of the qkv, wo, w13 and w2 weight loads (see
+        DualARTransformer.weight_cache_hints). Returns whether it will."""
         a, f = self.attention, self.feed_forward
         w13 = f.w13.weight if isinstance(f.w13, nn.Linear) else f.w13  # (None when not fused)
         operands = [_kernel_operands(w) for w in (a.wqkv.weight, a.wo.weight, w13, f.w2.weight)]
@@ -338,6 +337,7 @@ class Block(nn.Module):
             and None not in operands
             and all(w.dtype == activation_dtype for w, scale in operands if scale is None))
         self._projection_operands = operands if self.fused_projections else None
+        self.weight_evictions = weight_evictions
         return self.fused_projections
 
     def forward(self, x: Tensor, rope: Tensor, kv: KVView) -> Tensor:
@@ -435,10 +435,8 @@ class DualARTransformer(nn.Module):
         """See Block.use_fused_projections; True if every block will. Their weight loads then carry
         L2 cache hints (weight_cache_hints)."""
         slow, fast = self.weight_cache_hints()
-        for layers, hints in ((self.layers, slow), (self.fast_layers, fast)):
-            for layer in layers:
-                layer.weight_evictions = hints
-        return all([layer.use_fused_projections() for layer in [*self.layers, *self.fast_layers]])
+        return all([layer.use_fused_projections(hints)
+                    for layers, hints in ((self.layers, slow), (self.fast_layers, fast)) for layer in layers])
 
     @staticmethod
     def weight_cache_hints() -> tuple[tuple[str, ...], tuple[str, ...]]:
