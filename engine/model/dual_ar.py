@@ -29,6 +29,10 @@ try:  # the compiled decode step's projections, each fused with its norm, gate o
     from . import fused_linear as projection_kernel
 except ImportError:  # as above: the step keeps Inductor's (or cuBLAS's) matmuls
     projection_kernel = None
+try:  # the compiled batch-1 step's attention over a short cache fused into its output projection
+    from . import attention_output as attention_output_kernel
+except ImportError:  # as above
+    attention_output_kernel = None
 
 # Keys of the released config.json that change the architecture we build.
 _REQUIRED_KEYS = (
@@ -153,7 +157,9 @@ class KVView:
     positions read (every live position of every row lies below kv_len), a tensor rather than an int
     so that a compiled step sees kv_len as a dynamic size; mask: (B, 1, S, kv_len) bool, key j visible
     to query s (built once per call and shared by every layer), or None when every key read is
-    visible (the fast transformer, which reads exactly positions 0..k at position k).
+    visible (the fast transformer, which reads exactly positions 0..k at position k); tickets: (B,
+    n_kv_heads) int32 zeros that the decode attention kernel counts its splits in (and leaves at
+    zero), shared by the layers, or None where that kernel is not used.
     """
 
     k: Tensor
@@ -161,6 +167,7 @@ class KVView:
     positions: Tensor
     key_positions: Tensor
     mask: Tensor | None
+    tickets: Tensor | None = None
 
 
 def one_query_attention(q: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None) -> Tensor:
@@ -220,9 +227,11 @@ class Attention(nn.Module):
         if seqlen == 1 and self.decode_kernel and qkv.is_cuda and torch.compiler.is_compiling():
             # The compiled decode step: norms, RoPE, the KV write and attention over each row's own
             # live keys (positions 0..p) in one kernel, where they were five to seven.
+            if kv.tickets is None:
+                raise ValueError("the decode attention kernel needs KVView.tickets (KVCache.views makes them)")
             out = attention_kernel.decode_attention(
-                qkv.reshape(bsz, -1), *self.kernel_norms(), rope.reshape(bsz, -1), kv.k, kv.v, kv.positions[:, 0],
-                kv.key_positions.shape[0], self.n_head)
+                qkv.reshape(bsz, -1), *self.kernel_norms(), rope.reshape(bsz, -1), kv.k, kv.v, kv.tickets,
+                kv.positions[:, 0], kv.key_positions.shape[0], self.n_head)
             return out.view(bsz, 1, -1)
         q_size, kv_size = self.n_head * self.head_dim, self.n_kv_heads * self.head_dim
         q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
@@ -348,14 +357,23 @@ class Block(nn.Module):
 
     def _decode_fused(self, x: Tensor, rope: Tensor, kv: KVView) -> Tensor:
         """forward() in four fused_linear kernels plus attention: the norms go into the
-        projections after them, the residual adds and the SiLU gate into the ones before."""
+        projections after them, the residual adds and the SiLU gate into the ones before; over a
+        short cache, attention goes into the output projection (attention_output)."""
         linear = projection_kernel.fused_linear
         (wqkv, qkv_scale), (wo, wo_scale), (w13, w13_scale), (w2, w2_scale) = self._projection_operands
         qkv_hint, wo_hint, w13_hint, w2_hint = self.weight_evictions
         row = x.reshape(1, x.shape[-1])
         qkv = linear(row, wqkv, qkv_scale, self.attention_norm.weight, None, self.attention_norm.eps, False, qkv_hint)
-        attended = self.attention.attend(qkv.view(1, 1, -1), rope, kv)
-        h = linear(attended.reshape(1, -1), wo, wo_scale, None, row, 0.0, False, wo_hint)
+        a = self.attention
+        if a.decode_kernel and attention_output_kernel is not None \
+                and attention_output_kernel.supports(a.n_head, a.head_dim, kv.k.shape[2]):
+            # A short cache (the fast transformer's): attention inside the output projection.
+            h = attention_output_kernel.attention_output(
+                qkv, *a.kernel_norms(), rope.reshape(1, -1), kv.k, kv.v, kv.positions[:, 0], kv.key_positions.shape[0],
+                a.n_head, wo, wo_scale, row, wo_hint)
+        else:
+            attended = a.attend(qkv.view(1, 1, -1), rope, kv)
+            h = linear(attended.reshape(1, -1), wo, wo_scale, None, row, 0.0, False, wo_hint)
         gated = linear(h, w13, w13_scale, self.ffn_norm.weight, None, self.ffn_norm.eps, True, w13_hint)
         return linear(gated, w2, w2_scale, None, h, 0.0, False, w2_hint).view_as(x)
 
