@@ -61,9 +61,8 @@ def main(argv=None) -> int:
         ops_attend = torch.compile(attn.attend)  # the plain ops (attn.use_decode_kernel() not called)
         ops_call = functools.partial(ops_attend, qkv, rope, kv)
         ops_us = microseconds_per_call(lambda _, call=ops_call: call(), LAYERS)
-        tickets = torch.zeros(batch, kv.k.shape[1], dtype=torch.int32, device="cuda")
-        operands = (qkv[:, 0], *attn.kernel_norms(), rope.reshape(batch, -1), kv.k, kv.v, tickets, kv.positions[:, 0],
-                    kv_len, attn.n_head)
+        operands = (qkv[:, 0], *attn.kernel_norms(), rope.reshape(batch, -1), kv.k, kv.v, kv.positions[:, 0], kv_len,
+                    attn.n_head)
         timed = []
         for setting in SETTINGS:
             split, kernel.BLOCK_KEYS, kernel.NUM_WARPS, kernel.NUM_STAGES = setting

@@ -46,12 +46,10 @@ def plain(attn, qkv, rope, k_cache, v_cache, positions, n_keys):
 
 
 def kernel(attn, qkv, rope, k_cache, v_cache, positions, n_keys):
-    """The kernel on copies of the caches: (out, k_cache, v_cache). It leaves its merge counters at zero."""
+    """The kernel on copies of the caches: (out, k_cache, v_cache)."""
     k_cache, v_cache = k_cache.clone(), v_cache.clone()
-    tickets = torch.zeros(qkv.shape[0], k_cache.shape[1], dtype=torch.int32, device="cuda")
     out = attention_kernel.decode_attention(qkv, *attn.kernel_norms(), rope.reshape(qkv.shape[0], -1), k_cache, v_cache,
-                                            tickets, positions, n_keys, attn.n_head)
-    assert not tickets.any()
+                                            positions, n_keys, attn.n_head)
     return out, k_cache, v_cache
 
 
@@ -102,10 +100,9 @@ def test_compiled_attend_in_a_cuda_graph_takes_the_kernel_and_reads_positions_at
     attn, qkv, rope, k_cache, v_cache, positions = attention_case(4, 512, torch.bfloat16, **SLOW)
     assert attn.use_decode_kernel()
     keys = torch.arange(512, device="cuda")
-    tickets = torch.zeros(4, 8, dtype=torch.int32, device="cuda")
 
     def views(k, v):
-        return KVView(k, v, positions[:, None], keys, keys <= positions[:, None, None, None], tickets)
+        return KVView(k, v, positions[:, None], keys, keys <= positions[:, None, None, None])
 
     compiled = torch.compile(attn.attend, fullgraph=True, dynamic=True)
     compiled(qkv[:, None], rope, views(k_cache.clone(), v_cache.clone()))
@@ -120,4 +117,3 @@ def test_compiled_attend_in_a_cuda_graph_takes_the_kernel_and_reads_positions_at
     expected, k_expected, v_expected = kernel(attn, qkv, rope, k_cache, v_cache, positions, 512)
     torch.testing.assert_close(out[:, 0], expected)
     assert torch.equal(k_graph, k_expected) and torch.equal(v_graph, v_expected)
-    assert not tickets.any()

@@ -10,9 +10,9 @@ its columns of wo:
     out = residual + attend(qkv, cache) @ wo^T
 
 with the new key and value written into the cache by program 0 (the others take them from qkv).
-Rounding follows decode_attention and fused_linear: q and k normed and rotated and rounded, scores,
-softmax and the weighted values in fp32 (no tl.dot here, so the probabilities need not be rounded to
-the values' dtype), the attended row rounded before the projection, products summed in fp32.
+Rounding follows decode_attention and fused_linear: q and k normed and rotated and rounded, scores
+and softmax in fp32, probabilities rounded before they weigh the values, the attended row rounded
+before the projection, products summed in fp32.
 
 A custom op launched with PDL like fused_linear (see there); for a cache of at most MAX_KEYS
 positions, heads and head size powers of two. Importing this module needs Triton and torch >= 2.6.
@@ -29,8 +29,8 @@ from ..compilation import pdl_available
 from .decode_attention import _norm_and_rotate
 from .launch_control import wait_for_inputs
 
-MAX_KEYS = 16  # every program holds all heads' keys and values: (heads, MAX_KEYS, head_dim) each
-BLOCK_N, NUM_WARPS = 4, 8  # output columns per program, as fused_linear's Launch
+MAX_KEYS = 16  # every program holds every kv head's keys and values: (kv_heads * MAX_KEYS, head_dim) each
+BLOCK_N, NUM_WARPS = 8, 8  # output columns per program (each program attends, so fewer than fused_linear's)
 
 
 @triton.jit
@@ -39,7 +39,7 @@ def _attention_output(qkv_ptr, q_norm_ptr, k_norm_ptr, eps, rope_ptr, positions_
                       k_stride_h, k_stride_l, v_stride_h, v_stride_l,
                       scale_log2: tl.constexpr, n_heads: tl.constexpr, kv_heads: tl.constexpr,
                       head_dim: tl.constexpr, keys: tl.constexpr, N: tl.constexpr, has_qk_norm: tl.constexpr,
-                      has_w_scale: tl.constexpr, block_n: tl.constexpr, pdl: tl.constexpr,
+                      has_w_scale: tl.constexpr, ieee: tl.constexpr, block_n: tl.constexpr, pdl: tl.constexpr,
                       weight_eviction: tl.constexpr):
     K: tl.constexpr = n_heads * head_dim
     group: tl.constexpr = n_heads // kv_heads
@@ -58,36 +58,44 @@ def _attention_output(qkv_ptr, q_norm_ptr, k_norm_ptr, eps, rope_ptr, positions_
         v_ptr += after
     dtype = qkv_ptr.dtype.element_ty
     position = tl.load(positions_ptr)
-    heads = tl.arange(0, n_heads)
-    kv_head = heads // group  # each query head's kv head
     d = tl.arange(0, head_dim)
     cos = tl.load(rope_ptr + (d // 2) * 2).to(tl.float32)[None, :]
     sin = tl.load(rope_ptr + (d // 2) * 2 + 1).to(tl.float32)[None, :]
-    every = heads < n_heads
-    q = _norm_and_rotate(qkv_ptr, heads, every, d, q_norm_ptr, eps, cos, sin, head_dim, has_qk_norm, dtype)
-    k_new = _norm_and_rotate(qkv_ptr + K, kv_head, every, d, k_norm_ptr, eps, cos, sin, head_dim, has_qk_norm, dtype)
-    v_new = tl.load(qkv_ptr + K + kv_heads * head_dim + kv_head[:, None] * head_dim + d[None, :])
-    # (head, key, d): the cached keys and values before the new position, the new ones at it.
-    j = tl.arange(0, keys)
-    cached = ((j < position) & (j < n_keys))[None, :, None]
-    at_new = (j == position)[None, :, None]
-    k_all = tl.load(k_ptr + kv_head[:, None, None] * k_stride_h + j[None, :, None] * k_stride_l + d[None, None, :],
-                    mask=cached, other=0.0)
-    k_all = tl.where(at_new, k_new[:, None, :], k_all)
-    scores = tl.sum(q.to(tl.float32)[:, None, :] * k_all.to(tl.float32), 2) * scale_log2  # log2 units
-    visible = ((j <= position) & (j < n_keys))[None, :]
-    scores = tl.where(visible, scores, float("-inf"))
+    heads = tl.arange(0, n_heads)
+    q = _norm_and_rotate(qkv_ptr, heads, heads < n_heads, d, q_norm_ptr, eps, cos, sin, head_dim, has_qk_norm, dtype)
+    # Every kv head's keys side by side, (kv head, key) per row, each head's new key at its
+    # position: one matmul scores all query heads against all of them, and a query head's scores
+    # outside its own kv head are masked out (the same for the values).
+    c = tl.arange(0, kv_heads * keys)
+    c_head, c_key = c // keys, c % keys
+    cached = ((c_key < position) & (c_key < n_keys))[:, None]
+    at_new = (c_key == position)[:, None]
+    k_new = _norm_and_rotate(qkv_ptr + K, c_head, c_head < kv_heads, d, k_norm_ptr, eps, cos, sin, head_dim,
+                             has_qk_norm, dtype)  # every row: its kv head's new key
+    k_all = tl.load(k_ptr + c_head[:, None] * k_stride_h + c_key[:, None] * k_stride_l + d[None, :], mask=cached,
+                    other=0.0)
+    k_all = tl.where(at_new, k_new, k_all)
+    if ieee:
+        scores = tl.dot(q, tl.trans(k_all), input_precision="ieee")
+    else:
+        scores = tl.dot(q, tl.trans(k_all))
+    visible = ((heads // group)[:, None] == c_head[None, :]) & ((c_key <= position) & (c_key < n_keys))[None, :]
+    scores = tl.where(visible, scores * scale_log2, float("-inf"))  # log2 units: exp2 below
     probs = tl.exp2(scores - tl.max(scores, 1)[:, None])
     total = tl.sum(probs, 1)
-    v_all = tl.load(v_ptr + kv_head[:, None, None] * v_stride_h + j[None, :, None] * v_stride_l + d[None, None, :],
-                    mask=cached, other=0.0)
-    v_all = tl.where(at_new, v_new[:, None, :], v_all)
-    weighted = tl.sum(probs[:, :, None] * v_all.to(tl.float32), 1)
+    v_new = tl.load(qkv_ptr + K + kv_heads * head_dim + c_head[:, None] * head_dim + d[None, :])
+    v_all = tl.load(v_ptr + c_head[:, None] * v_stride_h + c_key[:, None] * v_stride_l + d[None, :], mask=cached,
+                    other=0.0)
+    v_all = tl.where(at_new, v_new, v_all)
+    if ieee:
+        weighted = tl.dot(probs.to(dtype), v_all, input_precision="ieee")
+    else:
+        weighted = tl.dot(probs.to(dtype), v_all)
     attended = (weighted / total[:, None]).to(dtype)  # (n_heads, head_dim)
-    if tl.program_id(0) == 0:  # the first head of each group writes its kv head's new key and value
-        first = (heads % group == 0)[:, None]
-        tl.store(k_ptr + kv_head[:, None] * k_stride_h + position * k_stride_l + d[None, :], k_new, mask=first)
-        tl.store(v_ptr + kv_head[:, None] * v_stride_h + position * v_stride_l + d[None, :], v_new, mask=first)
+    if tl.program_id(0) == 0:  # one row per kv head writes its new key and value
+        first = (c_key == 0)[:, None]
+        tl.store(k_ptr + c_head[:, None] * k_stride_h + position * k_stride_l + d[None, :], k_new, mask=first)
+        tl.store(v_ptr + c_head[:, None] * v_stride_h + position * v_stride_l + d[None, :], v_new, mask=first)
     row = tl.reshape(attended.to(tl.float32), [K])
     sums = tl.sum(w.to(tl.float32) * row[None, :], 1)
     if has_w_scale:  # int8 rows of wo: one scale per output row
@@ -97,11 +105,12 @@ def _attention_output(qkv_ptr, q_norm_ptr, k_norm_ptr, eps, rope_ptr, positions_
 
 
 def supports(n_heads: int, head_dim: int, capacity: int) -> bool:
-    """Whether the kernel serves this attention: powers of two for the heads and their size (tl.arange),
-    a cache every program holds whole."""
+    """Whether the kernel serves this attention: powers of two for the heads (at least 16, tl.dot's
+    smallest side) and their size, a cache every program holds whole."""
     def power_of_two(x: int) -> bool:
         return x > 0 and x & (x - 1) == 0
-    return power_of_two(n_heads) and power_of_two(head_dim) and capacity <= MAX_KEYS
+    return power_of_two(n_heads) and n_heads >= 16 and power_of_two(head_dim) and head_dim >= 16 \
+        and capacity <= MAX_KEYS
 
 
 @torch.library.custom_op("s1mini::attention_output", mutates_args={"k_cache", "v_cache"})
@@ -127,7 +136,7 @@ def attention_output(qkv: Tensor, q_norm: Tensor | None, k_norm: Tensor | None, 
         k_cache.stride(1), k_cache.stride(2), v_cache.stride(1), v_cache.stride(2),
         scale_log2=head_dim ** -0.5 * 1.4426950408889634, n_heads=n_heads, kv_heads=kv_heads, head_dim=head_dim,
         keys=MAX_KEYS, N=columns, has_qk_norm=q_norm is not None, has_w_scale=weight_scale is not None,
-        block_n=BLOCK_N, pdl=pdl, launch_pdl=pdl, weight_eviction=weight_eviction, num_warps=NUM_WARPS, num_stages=1)
+        ieee=qkv.dtype == torch.float32, block_n=BLOCK_N, pdl=pdl, launch_pdl=pdl, weight_eviction=weight_eviction, num_warps=NUM_WARPS, num_stages=1)
     return out
 
 

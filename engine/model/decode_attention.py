@@ -9,20 +9,19 @@ every row read the whole KV bucket.
 
 Split-KV ("flash decoding"): program (row, kv head, split) normalises and rotates the group of query
 heads that share the kv head, attends them over one split of SPLIT_KEYS keys and writes its
-normalised partial output and log-sum-exp; the last split of a (row, kv head) to finish, counted by
-an atomic ticket, merges them all into the output (a merge kernel of its own was one more launch
-between the attention and the projection after it, docs/PERFORMANCE.md). The split holding the row's new position writes its key and value into the cache. A split
-past a row's position reads no keys and weighs nothing in the merge. The number of splits depends
-on the bucket (and on a batch of one row, whose graph is compiled apart), so one compiled graph
-serves every batch size above one. A cache of at most MAX_DIRECT_KEYS positions (the fast
-transformer's 10) is one split per kv head, which writes the output itself.
+normalised partial output and log-sum-exp; a second kernel merges the splits. The split holding the
+row's new position writes its key and value into the cache. A split past a row's position reads no
+keys and weighs nothing in the merge. The number of splits depends on the bucket (and on a batch of
+one row, whose graph is compiled apart), so one compiled graph serves every batch size above one. A
+cache of at most MAX_DIRECT_KEYS positions (the fast transformer's 10) is one split per kv head,
+which writes the output itself: one kernel, no merge.
 
 Registered as a torch.library.triton_op so that Inductor compiles it into the step's graph (and
 CUDA graphs capture it). It writes the caches it is given, which Inductor (torch 2.11) compiles
 right only when they come into the compiled code as inputs, K and V tensors of their own (see
-dual_ar.Attention.use_decode_kernel). On Hopper and newer the kernel lets the kernel after it (a
-fused_linear projection, launched with PDL) start launching and load its weights early; it is
-launched without PDL itself (a custom op launched with it was slower: docs/PERFORMANCE.md).
+dual_ar.Attention.use_decode_kernel). On Hopper and newer both kernels let the kernel after them
+(a fused_linear projection, launched with PDL) start launching and load its weights early; they
+are launched without PDL themselves (a custom op launched with it was slower: docs/PERFORMANCE.md).
 Importing this module needs Triton and torch >= 2.6.
 """
 
@@ -69,7 +68,7 @@ def _norm_and_rotate(ptr, rows, live, d, norm_ptr, eps, cos, sin, head_dim: tl.c
 
 @triton.jit
 def _attend_split(qkv_ptr, q_norm_ptr, k_norm_ptr, eps, rope_ptr, positions_ptr, k_ptr, v_ptr,
-                  partial_ptr, lse_ptr, tickets_ptr, out_ptr, n_keys, qkv_stride_b, rope_stride_b,
+                  partial_ptr, lse_ptr, out_ptr, n_keys, qkv_stride_b, rope_stride_b,
                   k_stride_b, k_stride_h, k_stride_l, v_stride_b, v_stride_h, v_stride_l,
                   scale_log2: tl.constexpr, n_heads: tl.constexpr, kv_heads: tl.constexpr, group: tl.constexpr,
                   rows: tl.constexpr, head_dim: tl.constexpr, has_qk_norm: tl.constexpr,
@@ -128,40 +127,32 @@ def _attend_split(qkv_ptr, q_norm_ptr, k_norm_ptr, eps, rope_ptr, positions_ptr,
         # A split past the row's length stores lse -inf and zeros: it weighs nothing in the merge.
         attended = running_sum > 0
         safe_sum = tl.where(attended, running_sum, 1.0)
-        splits = tl.num_programs(2)
-        out_offset = ((b * kv_heads + h) * splits + split) * group
+        out_offset = ((b * kv_heads + h) * tl.num_programs(2) + split) * group
         tl.store(lse_ptr + out_offset + g, tl.where(attended, running_max + tl.log2(safe_sum), float("-inf")),
                  mask=g < group)
         tl.store(partial_ptr + (out_offset + g[:, None]) * head_dim + d[None, :],
                  tl.where(attended[:, None], acc / safe_sum[:, None], 0.0), mask=(g < group)[:, None])
-        # Every thread's stores above come before the ticket (released at GPU scope); the last of the
-        # (row, kv head)'s splits to take one sees all the others' and merges them.
-        tl.debug_barrier()
-        ticket_ptr = tickets_ptr + b * kv_heads + h
-        if tl.atomic_add(ticket_ptr, 1, sem="acq_rel") == splits - 1:
-            tl.store(ticket_ptr, 0)  # as the launch found it: a CUDA graph replays no reset
-            _merge_splits(partial_ptr, lse_ptr, out_ptr + (b * n_heads + h * group) * head_dim,
-                          (b * kv_heads + h) * splits * group, splits, g, d, group, head_dim)
 
 
 @triton.jit
-def _merge_splits(partial_ptr, lse_ptr, out_ptr, base, splits, g, d, group: tl.constexpr, head_dim: tl.constexpr):
-    """out[g] = the splits' partial outputs of query head g weighed by exp2(lse) (split s of head g
-    at base + s * group + g). Loads bypass L1 (.cg): other programs wrote them during this kernel."""
-    live = g < group
-    top = tl.full(g.shape, float("-inf"), tl.float32)
+def _merge_splits(partial_ptr, lse_ptr, out_ptr, splits, group: tl.constexpr, head_dim: tl.constexpr,
+                  pdl: tl.constexpr):
+    if pdl:
+        lse_ptr += let_dependents_launch()
+    row, g = tl.program_id(0).to(tl.int64), tl.program_id(1)  # row: (batch row, kv head) flattened
+    d = tl.arange(0, head_dim)
+    one = tl.arange(0, 1)
+    base = row * splits * group + g
+    top = tl.full([1], float("-inf"), tl.float32)
     for s in range(0, splits):
-        top = tl.maximum(top, tl.load(lse_ptr + base + s * group + g, mask=live, other=0.0, cache_modifier=".cg"))
-    total = tl.zeros(g.shape, tl.float32)
-    acc = tl.zeros([g.shape[0], head_dim], tl.float32)
+        top = tl.maximum(top, tl.load(lse_ptr + base + s * group + one))
+    total = tl.zeros([1], tl.float32)
+    acc = tl.zeros([head_dim], tl.float32)
     for s in range(0, splits):
-        weight = tl.exp2(tl.load(lse_ptr + base + s * group + g, mask=live, other=0.0, cache_modifier=".cg") - top)
+        weight = tl.exp2(tl.load(lse_ptr + base + s * group + one) - top)
         total += weight
-        partial = tl.load(partial_ptr + (base + s * group + g[:, None]) * head_dim + d[None, :], mask=live[:, None],
-                          other=0.0, cache_modifier=".cg")
-        acc += weight[:, None] * partial
-    tl.store(out_ptr + g[:, None] * head_dim + d[None, :], (acc / total[:, None]).to(out_ptr.dtype.element_ty),
-             mask=live[:, None])
+        acc += weight * tl.load(partial_ptr + (base + s * group) * head_dim + d)
+    tl.store(out_ptr + (row * group + g) * head_dim + d, (acc / total).to(out_ptr.dtype.element_ty))
 
 
 def supports(head_dim: int) -> bool:
@@ -169,14 +160,12 @@ def supports(head_dim: int) -> bool:
     return head_dim >= MIN_DOT and head_dim & (head_dim - 1) == 0
 
 
-def launch(attend, qkv: Tensor, q_norm: Tensor | None, k_norm: Tensor | None, eps: float, rope: Tensor,
-           k_cache: Tensor, v_cache: Tensor, tickets: Tensor, positions: Tensor, n_keys, n_heads: int,
-           one_row: bool) -> Tensor:
-    """Run the kernel (_attend_split, or it wrapped for Inductor); see decode_attention."""
+def launch(attend, merge, qkv: Tensor, q_norm: Tensor | None, k_norm: Tensor | None, eps: float, rope: Tensor,
+           k_cache: Tensor, v_cache: Tensor, positions: Tensor, n_keys, n_heads: int, one_row: bool) -> Tensor:
+    """Run the kernels (_attend_split and _merge_splits, or them wrapped for Inductor); see decode_attention."""
     batch, kv_heads, capacity, head_dim = k_cache.shape
     group = n_heads // kv_heads
     torch._check(k_cache.stride(3) == 1 and v_cache.stride(3) == 1, lambda: "the caches need unit stride on D")
-    torch._check(tickets.dtype == torch.int32 and tickets.is_contiguous(), lambda: "tickets: contiguous int32")
     qkv, rope, positions = qkv.contiguous(), rope.contiguous(), positions.contiguous()
     out = torch.empty((batch, n_heads * head_dim), device=qkv.device, dtype=qkv.dtype)
     # A cache that one program covers (the fast transformer's 10 positions) needs no merge.
@@ -192,28 +181,29 @@ def launch(attend, qkv: Tensor, q_norm: Tensor | None, k_norm: Tensor | None, ep
     pdl = pdl_available(qkv.device)
     attend[(batch, kv_heads, splits)](
         qkv, qkv if q_norm is None else q_norm, qkv if k_norm is None else k_norm, eps, rope, positions,
-        k_cache, v_cache, partial, lse, tickets, out, n_keys, qkv.stride(0), rope.stride(0),
+        k_cache, v_cache, partial, lse, out, n_keys, qkv.stride(0), rope.stride(0),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         scale_log2=head_dim ** -0.5 * log2e, n_heads=n_heads, kv_heads=kv_heads, group=group,
         rows=max(MIN_DOT, triton.next_power_of_2(group)), head_dim=head_dim, has_qk_norm=q_norm is not None,
         split_keys=split_keys, block_keys=min(BLOCK_KEYS, split_keys), ieee=qkv.dtype == torch.float32,
         direct=direct, pdl=pdl, num_warps=NUM_WARPS, num_stages=NUM_STAGES)
+    if not direct:
+        merge[(batch * kv_heads, group)](partial, lse, out, splits, group=group, head_dim=head_dim, pdl=pdl)
     return out
 
 
-@triton_op("s1mini::decode_attention", mutates_args={"k_cache", "v_cache", "tickets"})
+@triton_op("s1mini::decode_attention", mutates_args={"k_cache", "v_cache"})
 def decode_attention(qkv: Tensor, q_norm: Tensor | None, k_norm: Tensor | None, eps: float, rope: Tensor,
-                     k_cache: Tensor, v_cache: Tensor, tickets: Tensor, positions: Tensor, n_keys: int,
-                     n_heads: int) -> Tensor:
-    """One new token per row: the rest of Attention.attend after the QKV projection, in one kernel.
+                     k_cache: Tensor, v_cache: Tensor, positions: Tensor, n_keys: int, n_heads: int) -> Tensor:
+    """One new token per row: the rest of Attention.attend after the QKV projection, in one kernel
+    (two when the keys are split).
 
     qkv (B, (n_heads + 2 H_kv) D): the projected token, query heads then keys then values; q_norm,
     k_norm (D,) RMSNorm weights or None (eps their epsilon); rope (B, D/2, 2) each row's [cos, sin]
-    at its position; k_cache, v_cache (B, H_kv, capacity, D) with unit stride on D; tickets (B, H_kv)
-    int32 zeros, the splits' merge counters, which each call leaves at zero (KVCache keeps them);
-    positions (B,) int64. Row b's key and value are written at positions[b], then its queries attend keys
+    at its position; k_cache, v_cache (B, H_kv, capacity, D) with unit stride on D; positions (B,)
+    int64. Row b's key and value are written at positions[b], then its queries attend keys
     0..min(positions[b] + 1, n_keys) - 1. Returns (B, n_heads D) in qkv's dtype; scores, softmax
     and sums in fp32. For torch.compile, see the module docstring on the caches."""
     one_row = statically_known_true(qkv.shape[0] == 1)
-    return launch(wrap_triton(_attend_split), qkv, q_norm, k_norm, eps, rope, k_cache, v_cache, tickets,
-                  positions, n_keys, n_heads, one_row)
+    return launch(wrap_triton(_attend_split), wrap_triton(_merge_splits), qkv, q_norm, k_norm, eps, rope,
+                  k_cache, v_cache, positions, n_keys, n_heads, one_row)

@@ -157,9 +157,7 @@ class KVView:
     positions read (every live position of every row lies below kv_len), a tensor rather than an int
     so that a compiled step sees kv_len as a dynamic size; mask: (B, 1, S, kv_len) bool, key j visible
     to query s (built once per call and shared by every layer), or None when every key read is
-    visible (the fast transformer, which reads exactly positions 0..k at position k); tickets: (B,
-    n_kv_heads) int32 zeros that the decode attention kernel counts its splits in (and leaves at
-    zero), shared by the layers, or None where that kernel is not used.
+    visible (the fast transformer, which reads exactly positions 0..k at position k).
     """
 
     k: Tensor
@@ -167,7 +165,6 @@ class KVView:
     positions: Tensor
     key_positions: Tensor
     mask: Tensor | None
-    tickets: Tensor | None = None
 
 
 def one_query_attention(q: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None) -> Tensor:
@@ -227,11 +224,9 @@ class Attention(nn.Module):
         if seqlen == 1 and self.decode_kernel and qkv.is_cuda and torch.compiler.is_compiling():
             # The compiled decode step: norms, RoPE, the KV write and attention over each row's own
             # live keys (positions 0..p) in one kernel, where they were five to seven.
-            if kv.tickets is None:
-                raise ValueError("the decode attention kernel needs KVView.tickets (KVCache.views makes them)")
             out = attention_kernel.decode_attention(
-                qkv.reshape(bsz, -1), *self.kernel_norms(), rope.reshape(bsz, -1), kv.k, kv.v, kv.tickets,
-                kv.positions[:, 0], kv.key_positions.shape[0], self.n_head)
+                qkv.reshape(bsz, -1), *self.kernel_norms(), rope.reshape(bsz, -1), kv.k, kv.v, kv.positions[:, 0],
+                kv.key_positions.shape[0], self.n_head)
             return out.view(bsz, 1, -1)
         q_size, kv_size = self.n_head * self.head_dim, self.n_kv_heads * self.head_dim
         q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)

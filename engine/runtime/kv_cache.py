@@ -23,8 +23,6 @@ class KVCache:
         shape = (n_layers, n_slots, n_kv_heads, capacity, head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
-        # The decode attention kernel's split counters (see KVView.tickets), one per slot and kv head.
-        self.tickets = torch.zeros((n_slots, n_kv_heads), dtype=torch.int32, device=device)
         self.capacity = capacity
         self.n_slots = n_slots
         self._constant_positions: dict[tuple[int, int], tuple[Tensor, Tensor]] = {}
@@ -42,7 +40,7 @@ class KVCache:
             raise ValueError(f"kv_len {key_positions.shape[0]} exceeds the cache capacity {self.capacity}")
         mask = None if all_visible else (key_positions <= positions[:, None, :, None])
         rows = slice(first_slot, first_slot + positions.shape[0])
-        return [KVView(self.k[i, rows], self.v[i, rows], positions, key_positions, mask, self.tickets[rows])
+        return [KVView(self.k[i, rows], self.v[i, rows], positions, key_positions, mask)
                 for i in range(self.k.shape[0])]
 
     def codebook_positions(self, batch: int, position: int) -> tuple[Tensor, Tensor]:
