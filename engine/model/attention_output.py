@@ -14,8 +14,9 @@ Rounding follows decode_attention and fused_linear: q and k normed and rotated a
 and softmax in fp32, probabilities rounded before they weigh the values, the attended row rounded
 before the projection, products summed in fp32.
 
-A custom op launched with PDL like fused_linear (see there); for a cache of at most MAX_KEYS
-positions, heads and head size powers of two. Importing this module needs Triton and torch >= 2.6.
+A custom op launched with PDL like fused_linear (see there), which reads every input but qkv before
+it waits for the kernel before: that kernel must write nothing else (in the decode step it is the
+QKV projection). For a cache of at most MAX_KEYS positions, heads and head size powers of two. Importing this module needs Triton and torch >= 2.6.
 """
 
 from __future__ import annotations
@@ -45,24 +46,17 @@ def _attention_output(qkv_ptr, q_norm_ptr, k_norm_ptr, eps, rope_ptr, positions_
     group: tl.constexpr = n_heads // kv_heads
     n = tl.program_id(0) * block_n + tl.arange(0, block_n)
     live_n = n < N
-    # This program's rows of wo: loaded before anything the kernel before writes (wait_for_inputs).
+    # Everything but qkv is read before waiting for the kernel before (wait_for_inputs): that kernel
+    # is the QKV projection, which writes qkv alone, and it lets this one launch only once everything
+    # before it has finished. So the weights, the cached keys and values and the residual are in
+    # flight while the projection still runs.
     w = tl.load(w_ptr + n[:, None] * K + tl.arange(0, K)[None, :], mask=live_n[:, None], other=0.0,
                 eviction_policy=weight_eviction)
-    if pdl:
-        after = wait_for_inputs()
-        qkv_ptr += after
-        positions_ptr += after
-        residual_ptr += after
-        rope_ptr += after
-        k_ptr += after
-        v_ptr += after
-    dtype = qkv_ptr.dtype.element_ty
+    residual = tl.load(residual_ptr + n, mask=live_n, other=0.0).to(tl.float32)
     position = tl.load(positions_ptr)
     d = tl.arange(0, head_dim)
     cos = tl.load(rope_ptr + (d // 2) * 2).to(tl.float32)[None, :]
     sin = tl.load(rope_ptr + (d // 2) * 2 + 1).to(tl.float32)[None, :]
-    heads = tl.arange(0, n_heads)
-    q = _norm_and_rotate(qkv_ptr, heads, heads < n_heads, d, q_norm_ptr, eps, cos, sin, head_dim, has_qk_norm, dtype)
     # Every kv head's keys side by side, (kv head, key) per row, each head's new key at its
     # position: one matmul scores all query heads against all of them, and a query head's scores
     # outside its own kv head are masked out (the same for the values).
@@ -70,10 +64,17 @@ def _attention_output(qkv_ptr, q_norm_ptr, k_norm_ptr, eps, rope_ptr, positions_
     c_head, c_key = c // keys, c % keys
     cached = ((c_key < position) & (c_key < n_keys))[:, None]
     at_new = (c_key == position)[:, None]
-    k_new = _norm_and_rotate(qkv_ptr + K, c_head, c_head < kv_heads, d, k_norm_ptr, eps, cos, sin, head_dim,
-                             has_qk_norm, dtype)  # every row: its kv head's new key
     k_all = tl.load(k_ptr + c_head[:, None] * k_stride_h + c_key[:, None] * k_stride_l + d[None, :], mask=cached,
                     other=0.0)
+    v_all = tl.load(v_ptr + c_head[:, None] * v_stride_h + c_key[:, None] * v_stride_l + d[None, :], mask=cached,
+                    other=0.0)
+    if pdl:
+        qkv_ptr += wait_for_inputs()
+    dtype = qkv_ptr.dtype.element_ty
+    heads = tl.arange(0, n_heads)
+    q = _norm_and_rotate(qkv_ptr, heads, heads < n_heads, d, q_norm_ptr, eps, cos, sin, head_dim, has_qk_norm, dtype)
+    k_new = _norm_and_rotate(qkv_ptr + K, c_head, c_head < kv_heads, d, k_norm_ptr, eps, cos, sin, head_dim,
+                             has_qk_norm, dtype)  # every row: its kv head's new key
     k_all = tl.where(at_new, k_new, k_all)
     if ieee:
         scores = tl.dot(q, tl.trans(k_all), input_precision="ieee")
@@ -84,8 +85,6 @@ def _attention_output(qkv_ptr, q_norm_ptr, k_norm_ptr, eps, rope_ptr, positions_
     probs = tl.exp2(scores - tl.max(scores, 1)[:, None])
     total = tl.sum(probs, 1)
     v_new = tl.load(qkv_ptr + K + kv_heads * head_dim + c_head[:, None] * head_dim + d[None, :])
-    v_all = tl.load(v_ptr + c_head[:, None] * v_stride_h + c_key[:, None] * v_stride_l + d[None, :], mask=cached,
-                    other=0.0)
     v_all = tl.where(at_new, v_new, v_all)
     if ieee:
         weighted = tl.dot(probs.to(dtype), v_all, input_precision="ieee")
@@ -100,7 +99,7 @@ def _attention_output(qkv_ptr, q_norm_ptr, k_norm_ptr, eps, rope_ptr, positions_
     sums = tl.sum(w.to(tl.float32) * row[None, :], 1)
     if has_w_scale:  # int8 rows of wo: one scale per output row
         sums *= tl.load(w_scale_ptr + n, mask=live_n, other=0.0).to(tl.float32)
-    out = (tl.load(residual_ptr + n, mask=live_n, other=0.0).to(tl.float32) + sums.to(dtype).to(tl.float32)).to(dtype)
+    out = (residual + sums.to(dtype).to(tl.float32)).to(dtype)
     tl.store(out_ptr + n, out, mask=live_n)
 
 
