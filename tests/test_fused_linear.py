@@ -90,10 +90,9 @@ def test_int8_weights_with_row_scales_are_as_close_as_the_plain_ops_on_their_deq
     assert kernel_error <= 1.5 * plain_error + 1e-3
 
 
-def full_size_block(dtype, fast=False):
-    """A slow block of S1-mini (head size 128, q/k norms), or a fast one (64, none)."""
+def full_size_block(dtype):
     torch.manual_seed(0)
-    block = Block(1024, 16, 8, 64 if fast else 128, 3072, 1e-6, not fast, False, False).to("cuda", dtype)
+    block = Block(1024, 16, 8, 128, 3072, 1e-6, True, False, False).to("cuda", dtype)
     for name, param in block.named_parameters():
         param.data = (torch.randn_like(param) * (0.02 if "weight" in name and param.dim() == 2 else 0.1)
                       + (1.0 if "norm" in name else 0.0))
@@ -102,35 +101,28 @@ def full_size_block(dtype, fast=False):
 
 
 @pytest.mark.parametrize("quantize", ["none", "int8"])
-@pytest.mark.parametrize("fast", [False, True], ids=["slow", "fast"])
 @torch.inference_mode()
-def test_a_compiled_block_with_fused_projections_in_a_cuda_graph_equals_the_eager_block(monkeypatch, quantize, fast):
+def test_a_compiled_block_with_fused_projections_in_a_cuda_graph_equals_the_eager_block(monkeypatch, quantize):
     """The path Block takes in the compiled batch-1 decode step (one row, one position, in a CUDA
     graph): fp32, equal to the eager block, KV writes included; with int8 weights (torchao's, as
-    --quantize int8 makes them), equal to the eager block on the same weights. A slow block's
-    attention runs in decode_attention, a fast block's (a cache of 10 positions) inside its output
-    projection (attention_output)."""
+    --quantize int8 makes them), equal to the eager block on the same weights."""
     import types
 
-    from engine.model import attention_output, dual_ar
+    from engine.model import dual_ar
 
-    traced, attended = [], []
+    traced = []
     monkeypatch.setattr(dual_ar, "projection_kernel", types.SimpleNamespace(
         fused_linear=lambda *args: traced.append(args) or fused.fused_linear(*args)))
-    monkeypatch.setattr(dual_ar, "attention_output_kernel", types.SimpleNamespace(
-        supports=attention_output.supports,
-        attention_output=lambda *args: attended.append(args) or attention_output.attention_output(*args)))
-    block = full_size_block(torch.float32, fast)
+    block = full_size_block(torch.float32)
     if quantize == "int8":
         quantize_block_int8(block)
     assert block.use_fused_projections() and block.attention.use_decode_kernel()
-    batch, capacity, position, head_dim = (1, 10, 6, 64) if fast else (1, 64, 17, 128)
+    batch, capacity, position = 1, 64, 17
     x = torch.randn(batch, 1, 1024, device="cuda")
     positions = torch.full((batch, 1), position, device="cuda")
-    rope = rope_table(capacity, head_dim, 1e6).cuda()[positions]
-    mask = None if fast else torch.ones(batch, 1, 1, position + 1, dtype=torch.bool, device="cuda")
-    # K and V apart, as KVCache has them
-    cache = [torch.randn(batch, 8, capacity, head_dim, device="cuda") for _ in range(2)]
+    rope = rope_table(capacity, 128, 1e6).cuda()[positions]
+    mask = torch.ones(batch, 1, 1, position + 1, dtype=torch.bool, device="cuda")
+    cache = [torch.randn(batch, 8, capacity, 128, device="cuda") for _ in range(2)]  # K and V apart, as KVCache has them
 
     def run(fn, kv_cache):
         return fn(x, rope, KVView(kv_cache[0], kv_cache[1], positions, torch.arange(position + 1, device="cuda"), mask))
@@ -146,10 +138,9 @@ def test_a_compiled_block_with_fused_projections_in_a_cuda_graph_equals_the_eage
     with torch.cuda.graph(graph):
         out = run(compiled, graph_cache)
     graph.replay()
-    # The compiled block went through the four fused projections, or three and attention_output
-    # (Dynamo replays the list appends of its trace on every call).
-    assert traced and len(traced) % (3 if fast else 4) == 0
-    assert len(attended) == (len(traced) // 3 if fast else 0)
+    # The compiled block went through the four fused projections (Dynamo replays the list appends
+    # of its trace on every call).
+    assert traced and len(traced) % 4 == 0
     torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-4)
     for got, expected_cache in zip(graph_cache, eager_cache, strict=True):
         torch.testing.assert_close(got, expected_cache, rtol=1e-4, atol=1e-4)

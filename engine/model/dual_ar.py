@@ -29,10 +29,6 @@ try:  # the compiled decode step's projections, each fused with its norm, gate o
     from . import fused_linear as projection_kernel
 except ImportError:  # as above: the step keeps Inductor's (or cuBLAS's) matmuls
     projection_kernel = None
-try:  # the compiled batch-1 step's attention over a short cache fused into its output projection
-    from . import attention_output as attention_output_kernel
-except ImportError:  # as above
-    attention_output_kernel = None
 
 # Keys of the released config.json that change the architecture we build.
 _REQUIRED_KEYS = (
@@ -352,23 +348,14 @@ class Block(nn.Module):
 
     def _decode_fused(self, x: Tensor, rope: Tensor, kv: KVView) -> Tensor:
         """forward() in four fused_linear kernels plus attention: the norms go into the
-        projections after them, the residual adds and the SiLU gate into the ones before; over a
-        short cache, attention goes into the output projection (attention_output)."""
+        projections after them, the residual adds and the SiLU gate into the ones before."""
         linear = projection_kernel.fused_linear
         (wqkv, qkv_scale), (wo, wo_scale), (w13, w13_scale), (w2, w2_scale) = self._projection_operands
         qkv_hint, wo_hint, w13_hint, w2_hint = self.weight_evictions
         row = x.reshape(1, x.shape[-1])
         qkv = linear(row, wqkv, qkv_scale, self.attention_norm.weight, None, self.attention_norm.eps, False, qkv_hint)
-        a = self.attention
-        if a.decode_kernel and attention_output_kernel is not None \
-                and attention_output_kernel.supports(a.n_head, a.head_dim, kv.k.shape[2]):
-            # A short cache (the fast transformer's): attention inside the output projection.
-            h = attention_output_kernel.attention_output(
-                qkv, *a.kernel_norms(), rope.reshape(1, -1), kv.k, kv.v, kv.positions[:, 0], kv.key_positions.shape[0],
-                a.n_head, wo, wo_scale, row, wo_hint)
-        else:
-            attended = a.attend(qkv.view(1, 1, -1), rope, kv)
-            h = linear(attended.reshape(1, -1), wo, wo_scale, None, row, 0.0, False, wo_hint)
+        attended = self.attention.attend(qkv.view(1, 1, -1), rope, kv)
+        h = linear(attended.reshape(1, -1), wo, wo_scale, None, row, 0.0, False, wo_hint)
         gated = linear(h, w13, w13_scale, self.ffn_norm.weight, None, self.ffn_norm.eps, True, w13_hint)
         return linear(gated, w2, w2_scale, None, h, 0.0, False, w2_hint).view_as(x)
 
