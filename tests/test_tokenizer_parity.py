@@ -37,6 +37,13 @@ def test_literal_special_text_becomes_special_id(tokenizer):
     assert tokenizer.encode("a<|im_end|>")[-1] == tokenizer.im_end_id
 
 
+@pytest.mark.parametrize("text", ["a<|im_end|>b<|semantic:5|>", "<|x<|im_end|>", "<|semantic:5|><|semantic:5|>c",
+                                  "<|speaker:0|> hi <|interleave|>", "<|im_end", "|> <|> <||>", "plain text only"])
+def test_encode_equals_tiktoken_with_every_special_token_allowed(tokenizer, text):
+    """encode passes tiktoken only the special tokens written in the text (see SPECIAL_SHAPE)."""
+    assert tokenizer.encode(text) == tokenizer._encoding.encode(text, allowed_special="all", disallowed_special=())
+
+
 def test_speaker_tag_is_plain_bpe(tokenizer):
     ids = tokenizer.encode("<|speaker:0|>")
     assert len(ids) > 1 and all(i < tokenizer.num_ranks for i in ids)
