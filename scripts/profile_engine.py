@@ -53,6 +53,7 @@ def main(argv=None) -> int:
     add_weight_options(p)
     p.add_argument("--levels", default="1,16,64")
     p.add_argument("--frames", type=int, default=215)
+    p.add_argument("--max-admit", type=int, help="sequences admitted per iteration (Scheduler.max_admit_per_step)")
     p.add_argument("--json", type=Path)
     args = parse_with_weights(p, argv)
 
@@ -66,6 +67,8 @@ def main(argv=None) -> int:
     engine.warmup()
     engine.capture_all()
     synth = engine._synthesizer
+    if args.max_admit:
+        synth.scheduler.max_admit_per_step = args.max_admit
     totals: dict = defaultdict(float)
     # The worker holds bound methods: wrap its own references.
     timed_method(engine._worker, "_iterate", totals, "iterate (all)")
@@ -88,7 +91,7 @@ def main(argv=None) -> int:
             audio = sum(pool.map(lambda i: engine.synthesize(f"Profile request {i}, a sentence or two long.",
                                                              params=params).stats["audio_s"], range(level)))
         wall = time.perf_counter() - started
-        row = {"streams": level, "wall_s": wall, "audio_s_per_s": audio / wall,
+        row = {"streams": level, "max_admit_per_step": synth.scheduler.max_admit_per_step, "wall_s": wall, "audio_s_per_s": audio / wall,
                "parts_s": {k: round(v, 4) for k, v in totals.items()},
                # the decode steps' span: from the start to the first launch, and from the last to the end
                "steps": len(step_calls), "first_step_s": round(step_calls[0] - started, 4) if step_calls else None,
