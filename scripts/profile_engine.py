@@ -6,7 +6,8 @@
 Wraps the parts of one worker iteration with wall-clock accumulators (request set-up on the
 worker, admission and prefill, the decode-step launch, waiting for the frame counts, codec
 submission, waiting for finished audio), notes when the first and the last decode step launched,
-and runs `--levels` concurrent streams of ~10 s requests through the engine. The sum of the parts against the level's wall time shows whether the host or the GPU bounds it.
+and runs `--levels` concurrent streams of ~10 s requests through the engine. The sum of the parts
+against the level's wall time shows whether the host or the GPU bounds it.
 """
 
 from __future__ import annotations
@@ -91,7 +92,8 @@ def main(argv=None) -> int:
             audio = sum(pool.map(lambda i: engine.synthesize(f"Profile request {i}, a sentence or two long.",
                                                              params=params).stats["audio_s"], range(level)))
         wall = time.perf_counter() - started
-        row = {"streams": level, "max_admit_per_step": synth.scheduler.max_admit_per_step, "wall_s": wall, "audio_s_per_s": audio / wall,
+        row = {"streams": level, "max_admit_per_step": synth.scheduler.max_admit_per_step,
+               "wall_s": wall, "audio_s_per_s": audio / wall,
                "parts_s": {k: round(v, 4) for k, v in totals.items()},
                # the decode steps' span: from the start to the first launch, and from the last to the end
                "steps": len(step_calls), "first_step_s": round(step_calls[0] - started, 4) if step_calls else None,
