@@ -153,6 +153,25 @@ def test_prefill_attention_builds_no_cudnn_plan_per_prompt_length(s1_dir, s1_exp
     assert used and not any("cudnn" in name for name in used), used
 
 
+def test_compiled_batched_prefill_writes_the_kv_of_the_eager_one(tiny_model, s1_expected):
+    """Rows prefilled together through the batched prefill that prepare() compiles (batch and length
+    generic: compiled with two rows of 16 columns) equal the same rows prefilled eagerly."""
+    prompt_a, prompt_b = s1_expected["prompt_a"].long().cuda(), s1_expected["prompt_b"].long().cuda()
+    rows = [(0, prompt_b, 0), (1, prompt_a, 0), (2, prompt_b, 5)]  # slot 2's first 5 columns already there
+    compiled = StepRunner(tiny_model, new_cache(tiny_model, 4), COMPILED_GRAPHS)
+    compiled.prepare([1, 2])
+    eager = StepRunner(tiny_model, new_cache(tiny_model, 4), EAGER)
+    assert compiled._batched_prefill_compiled and not eager._batched_prefill_compiled
+    for runner in (compiled, eager):
+        runner.prefill(2, prompt_b, 0, 5)
+        runner.prefill_many(rows)
+    for slot, prompt, _ in rows:
+        written = prompt.shape[1] - 1
+        for name in ("k", "v"):
+            torch.testing.assert_close(getattr(compiled.cache, name)[:, slot, :, :written],
+                                       getattr(eager.cache, name)[:, slot, :, :written], atol=1e-4, rtol=1e-4)
+
+
 def test_graphed_reference_encoder_gives_the_eager_codes():
     """The reference encoder's chunk graph against the same encoder run eagerly, clip after clip (the
     state is reset between clips; the last chunk is padded). The 55-frame clip is longer than the

@@ -52,8 +52,9 @@ def bucket_for(n: int, sizes: list[int]) -> int:
     raise ValueError(f"{n} exceeds the largest bucket {sizes[-1]}")
 
 
-def _length_generic(compiled_block):
-    """Mark the sequence length of a prefill block's inputs dynamic before calling it."""
+def _length_generic(compiled_block, batch: bool = False):
+    """Mark the sequence length of a prefill block's inputs dynamic before calling it, and with
+    batch=True their batch size too."""
 
     def run(layer, x, rope, kv):
         for tensor, dim in ((x, 1), (rope, 1), (kv.positions, 1), (kv.key_positions, 0)):
@@ -61,12 +62,16 @@ def _length_generic(compiled_block):
         if kv.mask is not None:
             torch._dynamo.maybe_mark_dynamic(kv.mask, 2)
             torch._dynamo.maybe_mark_dynamic(kv.mask, 3)
+        if batch:
+            for tensor in (x, rope, kv.positions, kv.k, kv.v, kv.mask):
+                if tensor is not None:
+                    torch._dynamo.maybe_mark_dynamic(tensor, 0)
         return compiled_block(layer, x, rope, kv)
 
     return run
 
 
-# Three compiled regions that run the same block call. Dynamo keeps compiled graphs per code object,
+# Four compiled regions that run the same block call. Dynamo keeps compiled graphs per code object,
 # so each region needs a function of its own to keep its own graphs and recompile budget.
 def _slow_block(layer, x, rope, kv):
     return layer(x, rope, kv)
@@ -77,6 +82,10 @@ def _fast_block(layer, x, rope, kv):
 
 
 def _prefill_block(layer, x, rope, kv):
+    return layer(x, rope, kv)
+
+
+def _batched_prefill_block(layer, x, rope, kv):
     return layer(x, rope, kv)
 
 
@@ -123,6 +132,7 @@ class StepRunner:
         self._step = self._build_step()
         self._graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
         self._prefill_compiled = False
+        self._batched_prefill_compiled = False
         # Rows that can step together now: every slot when eager, else the largest batch bucket up to
         # which every bucket's graphs are captured (set by prepare()).
         self.ready_slots = 0 if policy.cuda_graphs else cache.n_slots
@@ -137,7 +147,7 @@ class StepRunner:
         # between them is captured in the same CUDA graph (no launch overhead at replay), but each
         # eager kernel breaks the chain of programmatic dependent launches.
         ops = StepOps()
-        self.prefill_block = call_block
+        self.prefill_block = self.batched_prefill_block = call_block
         if self.policy.compile:
             backend = self.policy.inductor_backend()
             torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
@@ -160,6 +170,8 @@ class StepRunner:
             # length-generic from its first call (one compile instead of a static one, then another).
             prefill_backend = dataclasses.replace(self.policy, mode="default").inductor_backend()
             self.prefill_block = _length_generic(torch.compile(_prefill_block, fullgraph=True, backend=prefill_backend))
+            self.batched_prefill_block = _length_generic(
+                torch.compile(_batched_prefill_block, fullgraph=True, backend=prefill_backend), batch=True)
         self.ops = ops
 
         def step(state: DecodeState, key_positions: Tensor) -> None:
@@ -170,19 +182,25 @@ class StepRunner:
     # ---- graphs -------------------------------------------------------------------------------
 
     def prepare(self, batch_sizes: list[int] | None = None) -> float:
-        """Compile prefill (first call) and capture every kv bucket of the given batch buckets (all
-        by default); returns the seconds it took. Only while no sequence is running."""
+        """Compile prefill (first call; the batched prefill with the first batch above one) and
+        capture every kv bucket of the given batch buckets (all by default); returns the seconds
+        it took. Only while no sequence is running: the compiling calls write slots 0 and 1."""
         if not self.policy.cuda_graphs:
             return 0.0
         started = time.perf_counter()
+        batch_sizes = batch_sizes or self.batch_buckets
         if self.policy.compile and not self._prefill_compiled:
-            self.prefill(0, torch.zeros(self.model.config.num_codebooks + 1, 17, dtype=torch.long,
-                                        device=self.key_positions.device))
+            self.prefill(0, self._compile_prompt())
             self._prefill_compiled = True
             logger.info("prefill compiled in {:.1f} s", time.perf_counter() - started)
+        if self.policy.compile and not self._batched_prefill_compiled and max(batch_sizes) > 1:
+            compile_started = time.perf_counter()
+            self._prefill_rows([(0, self._compile_prompt(), 0), (1, self._compile_prompt(), 0)], compiling=True)
+            self._batched_prefill_compiled = True
+            logger.info("batched prefill compiled in {:.1f} s", time.perf_counter() - compile_started)
         captured = len(self._graphs)
         try:
-            for batch in batch_sizes or self.batch_buckets:
+            for batch in batch_sizes:
                 for kv in self.kv_buckets:
                     bucket_started = time.perf_counter()
                     self._capture(batch, kv)
@@ -248,9 +266,10 @@ class StepRunner:
         prompts padded on the right (a padded column writes KV past its row's prompt, where the row's
         own decode steps write before they read), up to PREFILL_COLUMNS columns a call.
 
-        A lone row runs the compiled prefill; rows together run eagerly: compiling prefill for
-        batches above one cost 10.6 s more start-up on an H100, and an eager call of many rows has
-        as few launches as a compiled call of one (one per operation, not per row)."""
+        A lone row runs the compiled prefill; rows together run their own compiled prefill once
+        prepare() has compiled it with the larger batches' graphs (after the engine is ready: it
+        costs ~10 s), eagerly before (an eager call spent ~45 ms of host time launching its ~2,000
+        operations, during which running sequences did not step)."""
         rows = sorted((row for row in rows if row[1].shape[1] - 1 > row[2]), key=lambda row: row[0])
         for group in self._prefill_groups(rows):
             if len(group) == 1:
@@ -275,16 +294,22 @@ class StepRunner:
                 width, last_start = prompt.shape[1] - 1 - start, start
         return groups
 
-    def _prefill_rows(self, rows: list[tuple[int, Tensor, int]]) -> None:
-        """One eager model call for rows in consecutive slots (rows[0]'s slot first)."""
+    def _compile_prompt(self) -> Tensor:
+        """A prompt of zeros for the compiling prefill calls."""
+        return torch.zeros(self.model.config.num_codebooks + 1, 17, dtype=torch.long, device=self.key_positions.device)
+
+    def _prefill_rows(self, rows: list[tuple[int, Tensor, int]], compiling: bool = False) -> None:
+        """One model call for rows in consecutive slots (rows[0]'s slot first): compiled once
+        prepare() has compiled it (compiling=True: this call compiles it), else eager."""
         parts = [prompt[:, start:-1].T for _, prompt, start in rows]  # (columns, 1 + num_codebooks) each
         columns = torch.nn.utils.rnn.pad_sequence(parts, batch_first=True).transpose(1, 2).long()
         device = columns.device
         starts = torch.tensor([start for _, _, start in rows], device=device)
         positions = starts[:, None] + torch.arange(columns.shape[2], device=device)
         kv_len = max(start for _, _, start in rows) + columns.shape[2]
+        block = self.batched_prefill_block if compiling or self._batched_prefill_compiled else None
         with torch.inference_mode(), sdpa_kernel(PREFILL_ATTENTION):
-            self.model.forward_slow(columns, self.cache.views(positions, kv_len, rows[0][0]))
+            self.model.forward_slow(columns, self.cache.views(positions, kv_len, rows[0][0]), block)
 
     def prefill(self, slot: int, prompt: Tensor, start: int = 0, end: int | None = None) -> None:
         """Write prompt columns start..end-1 into the slot's KV cache at their positions; the columns
