@@ -55,7 +55,7 @@ class EngineConfig:
     # CUDA: the GPU worker thread's own work (prefill, copies) and its step graphs go on
     # high-priority streams, ahead of the codec's and reference encodes' low-priority ones
     # (Synthesizer.claim_thread).
-    decode_priority: bool = False  # off by default: see docs/PERFORMANCE.md for both sides of it
+    decode_priority: bool = True  # the decode steps outrank the codec on the GPU (docs/PERFORMANCE.md)
     # Python's GIL switch interval (its default is 5 ms), set process-wide when the engine starts;
     # 0 = leave it as it is. The GPU worker thread, which launches every step, waits up to this long
     # for the GIL when the web server's threads hold it (docs/PERFORMANCE.md).

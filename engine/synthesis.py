@@ -62,7 +62,7 @@ class AudioChunk:
 class Synthesizer:
     def __init__(self, models: LoadedModels, reference_cache: ReferenceCodeCache, policy: CompilePolicy,
                  exact_sampling: bool, capacity: int, slots: int, prefix_cache_bytes: int, reference_frames: int,
-                 decode_priority: bool = False):
+                 decode_priority: bool = True):
         """capacity: KV positions per sequence; slots: sequences decoded at once; reference_frames:
         the longest reference clip, in codec frames; decode_priority: see claim_thread."""
         self.models = models
@@ -101,11 +101,11 @@ class Synthesizer:
 
         The thread's eager work (the prefill of admitted requests, copies) then outranks the codec
         chunks and reference encodes, which run on streams of the lowest priority: whenever SMs
-        free up, the block scheduler starts its kernels before more blocks of a codec kernel
-        (64 streams in process on an H100: 304-316 -> 323-327 audio-s/s). CUDA graphs keep the
-        priority of the stream they were captured on (torch >= 2.10 instantiates them with node
-        priorities), so the step runner captures its graphs at the current stream's priority: the
-        decode steps then outrank the codec's graphs too (not yet measured; docs/PERFORMANCE.md)."""
+        free up, the block scheduler starts its kernels before more blocks of a codec kernel. CUDA
+        graphs keep the priority of the stream they were captured on (torch >= 2.10 instantiates
+        them with node priorities), so the step runner captures its graphs at the current stream's
+        priority: the decode steps outrank the codec's graphs too (64 streams in process on an
+        H100, one machine: 372-377 audio-s/s off, 379-394 on; docs/PERFORMANCE.md)."""
         device = self.models.placement.device
         if device.type != "cuda" or not self.decode_priority:
             return

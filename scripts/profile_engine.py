@@ -55,8 +55,8 @@ def main(argv=None) -> int:
     p.add_argument("--levels", default="1,16,64")
     p.add_argument("--frames", type=int, default=215)
     p.add_argument("--max-admit", type=int, help="sequences admitted per iteration (Scheduler.max_admit_per_step)")
-    p.add_argument("--decode-priority", action="store_true", help="the GPU worker on a high-priority stream "
-                   "(EngineConfig.decode_priority)")
+    p.add_argument("--decode-priority", choices=["on", "off"], default="on",
+                   help="the GPU worker on a high-priority stream (EngineConfig.decode_priority)")
     p.add_argument("--json", type=Path)
     args = parse_with_weights(p, argv)
 
@@ -67,7 +67,7 @@ def main(argv=None) -> int:
 
     engine = TTSEngine.from_config(EngineConfig(**weight_config(args.weights, args.checkpoint),
                                                 max_batch_size=max(int(x) for x in args.levels.split(",")),
-                                                decode_priority=args.decode_priority))
+                                                decode_priority=args.decode_priority == "on"))
     engine.warmup()
     engine.capture_all()
     synth = engine._synthesizer
@@ -96,7 +96,7 @@ def main(argv=None) -> int:
                                                              params=params).stats["audio_s"], range(level)))
         wall = time.perf_counter() - started
         row = {"streams": level, "max_admit_per_step": synth.scheduler.max_admit_per_step,
-               "decode_priority": args.decode_priority,
+               "decode_priority": args.decode_priority == "on",
                "wall_s": wall, "audio_s_per_s": audio / wall,
                "parts_s": {k: round(v, 4) for k, v in totals.items()},
                # the decode steps' span: from the start to the first launch, and from the last to the end
