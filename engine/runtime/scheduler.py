@@ -14,8 +14,8 @@ One `iteration()` (on the GPU worker thread):
      replay for the batch and kv-length buckets; idle rows inside the bucket stand still);
   4. every so often reads back how many frames each slot has before `<|im_end|>`, and hands out
      the new frames of the sequences that are due (a sequence after 4 frames, for an early first
-     audio, then 8, then every BLOCK frames; sequences admitted together stay together, so their
-     audio decodes in one batched codec call), retiring those that finished.
+     audio, then 8 and 16, then every BLOCK frames; sequences admitted together stay together, so
+     their audio decodes in one batched codec call), retiring those that finished.
 
 The read-back lags one step: after a step that makes sequences due, a copy of the counts is queued
 behind it, and the next iteration reads it only after launching its own step. The GPU so always
@@ -28,6 +28,7 @@ property and a `fail(exc)` method; frames come back as `Harvest`s for the caller
 
 from __future__ import annotations
 
+import itertools
 from collections import deque
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -41,12 +42,14 @@ from .generate import frame_budget
 from .prefix_cache import PrefixCache
 from .step_runner import StepRunner
 
-# Frames per hand-out: a short first block for an early first audio, a middle one that arrives
-# before a listener has played the first (at up to ~2x real time), then BLOCK at a time.
-RAMP = (4, 8)
-BLOCK = 16
+# Frames per hand-out: a short first block for an early first audio, growing ones that each arrive
+# before a listener has played the audio before them (at up to ~2x real time), then BLOCK at a time
+# (fewer, larger codec calls: each is a graph of ~1,500 kernels).
+RAMP = (4, 8, 16)
+BLOCK = 32
 BLOCK_SIZES = (*RAMP, BLOCK)  # every non-final hand-out has one of these lengths
-RAMP_END = sum(RAMP)
+RAMP_MARKS = tuple(itertools.accumulate(RAMP))  # the steps at which the ramp's hand-outs are due
+RAMP_END = RAMP_MARKS[-1]
 # A prefix shorter than this is cheaper to prefill than to look up and copy.
 MIN_PREFIX = 16
 # While sequences run, a new arrival waits up to this many steps for others to arrive and be
@@ -283,7 +286,7 @@ class Scheduler:
     def _due(seq: _Running) -> bool:
         # Fixed block lengths per sequence (BLOCK_SIZES): the codec replays a graph per length.
         steps = seq.steps
-        if steps >= seq.budget or steps in (RAMP[0], RAMP_END):
+        if steps >= seq.budget or steps in RAMP_MARKS:
             return True
         return steps > RAMP_END and (steps - RAMP_END) % BLOCK == 0
 
