@@ -18,7 +18,7 @@ def tokenizer(s1_dir):
 def test_every_golden_case_matches(tokenizer, s1_expected):
     texts, expected_ids = s1_expected["tokenizer_texts"], s1_expected["tokenizer_ids"]
     assert len(texts) == len(expected_ids) > 0
-    for text, ids in zip(texts, expected_ids):
+    for text, ids in zip(texts, expected_ids, strict=True):
         assert tokenizer.encode(text) == list(ids), f"mismatch for {text!r}"
 
 
