@@ -164,3 +164,30 @@ def test_the_step_embedding_and_bookkeeping_units_trace_whole_and_equal_their_pl
     assert torch.equal(state.history.ids, expected_state.history.ids)
     assert torch.equal(state.history.generated, expected_state.history.generated)
     assert state.done.tolist() == [False, True, False] and state.positions.tolist() == [11, 12, 0]
+
+
+def test_a_failed_batched_prefill_compile_leaves_rows_admitted_together_eager_and_captures_on(
+        s1_dir, s1_expected, monkeypatch):
+    """prepare() compiles the prefill of rows admitted together with the first batch above one; if
+    that fails, the batch graphs are still captured, the eager call stays, and it is not retried."""
+    ids = s1_expected["special_ids"]
+    model = load_dual_ar(s1_dir, TokenLayout(ids["semantic_begin"], ids["semantic_end"], ids["im_end"]),
+                         "cpu", torch.float32)
+    c = model.config
+    runner = StepRunner(model, KVCache(c.n_layer, 4, c.n_local_heads, c.max_seq_len, c.head_dim, torch.float32,
+                                       "cpu"), CompilePolicy(True, True, "test: compiled, graphs"))
+    compiles, captured = [], []
+    monkeypatch.setattr(runner, "prefill", lambda *args, **kwargs: None)  # the lone-row compile: not under test
+
+    def prefill_rows(rows, compiling=False):
+        compiles.append(compiling)
+        raise RuntimeError("no compiler here")
+
+    monkeypatch.setattr(runner, "_prefill_rows", prefill_rows)
+    monkeypatch.setattr(runner, "_capture", lambda batch, kv: captured.append(batch) or
+                        runner._graphs.__setitem__((batch, kv), object()))
+    runner.prepare([1, 2])
+    runner.prepare([4])
+    assert compiles == [True]  # tried once, with the first batch above one
+    assert not runner._batched_prefill_compiled
+    assert runner.ready_slots == 4 and set(captured) == {1, 2, 4}

@@ -133,6 +133,7 @@ class StepRunner:
         self._graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
         self._prefill_compiled = False
         self._batched_prefill_compiled = False
+        self._batched_prefill_tried = False  # compiled once, or failed once (then rows keep the eager call)
         # Rows that can step together now: every slot when eager, else the largest batch bucket up to
         # which every bucket's graphs are captured (set by prepare()).
         self.ready_slots = 0 if policy.cuda_graphs else cache.n_slots
@@ -193,11 +194,9 @@ class StepRunner:
             self.prefill(0, self._compile_prompt())
             self._prefill_compiled = True
             logger.info("prefill compiled in {:.1f} s", time.perf_counter() - started)
-        if self.policy.compile and not self._batched_prefill_compiled and max(batch_sizes) > 1:
-            compile_started = time.perf_counter()
-            self._prefill_rows([(0, self._compile_prompt(), 0), (1, self._compile_prompt(), 0)], compiling=True)
-            self._batched_prefill_compiled = True
-            logger.info("batched prefill compiled in {:.1f} s", time.perf_counter() - compile_started)
+        if self.policy.compile and not self._batched_prefill_tried and max(batch_sizes) > 1:
+            self._batched_prefill_tried = True
+            self._compile_batched_prefill()
         captured = len(self._graphs)
         try:
             for batch in batch_sizes:
@@ -293,6 +292,19 @@ class StepRunner:
                 groups.append([row])
                 width, last_start = prompt.shape[1] - 1 - start, start
         return groups
+
+    def _compile_batched_prefill(self) -> None:
+        """Compile the prefill of rows admitted together (two rows, in slots 0 and 1). If that fails,
+        such rows keep the eager call: slower admission, the same KV, and the batch graphs are still
+        captured."""
+        started = time.perf_counter()
+        try:
+            self._prefill_rows([(0, self._compile_prompt(), 0), (1, self._compile_prompt(), 0)], compiling=True)
+        except Exception:
+            logger.exception("compiling the batched prefill failed; rows admitted together prefill eagerly")
+            return
+        self._batched_prefill_compiled = True
+        logger.info("batched prefill compiled in {:.1f} s", time.perf_counter() - started)
 
     def _compile_prompt(self) -> Tensor:
         """A prompt of zeros for the compiling prefill calls."""
