@@ -6,7 +6,7 @@ parameters or noise, whatever their prompt lengths and positions."""
 import torch
 
 from engine.compilation import CompilePolicy
-from engine.model.dual_ar import TokenLayout
+from engine.model.dual_ar import TokenLayout, call_block
 from engine.model.loading import load_dual_ar
 from engine.runtime.kv_cache import KVCache
 from engine.runtime.step_runner import StepRunner
@@ -179,8 +179,8 @@ def test_a_failed_batched_prefill_compile_leaves_rows_admitted_together_eager_an
     compiles, captured = [], []
     monkeypatch.setattr(runner, "prefill", lambda *args, **kwargs: None)  # the lone-row compile: not under test
 
-    def prefill_rows(rows, compiling=False):
-        compiles.append(compiling)
+    def prefill_rows(rows, block=None):
+        compiles.append(block is not None and block is not call_block)
         raise RuntimeError("no compiler here")
 
     monkeypatch.setattr(runner, "_prefill_rows", prefill_rows)
@@ -189,5 +189,5 @@ def test_a_failed_batched_prefill_compile_leaves_rows_admitted_together_eager_an
     runner.prepare([1, 2])
     runner.prepare([4])
     assert compiles == [True]  # tried once, with the first batch above one
-    assert not runner._batched_prefill_compiled
+    assert runner.batched_prefill_block is call_block
     assert runner.ready_slots == 4 and set(captured) == {1, 2, 4}

@@ -7,7 +7,7 @@ import torch
 from engine.compilation import CompilePolicy
 from engine.config import EngineConfig
 from engine.loader import load_models
-from engine.model.dual_ar import TokenLayout
+from engine.model.dual_ar import TokenLayout, call_block
 from engine.model.loading import load_dual_ar
 from engine.runtime.generate import generate
 from engine.runtime.kv_cache import KVCache
@@ -161,7 +161,7 @@ def test_compiled_batched_prefill_writes_the_kv_of_the_eager_one(tiny_model, s1_
     compiled = StepRunner(tiny_model, new_cache(tiny_model, 4), COMPILED_GRAPHS)
     compiled.prepare([1, 2])
     eager = StepRunner(tiny_model, new_cache(tiny_model, 4), EAGER)
-    assert compiled._batched_prefill_compiled and not eager._batched_prefill_compiled
+    assert compiled.batched_prefill_block is not call_block and eager.batched_prefill_block is call_block
     for runner in (compiled, eager):
         runner.prefill(2, prompt_b, 0, 5)
         runner.prefill_many(rows)

@@ -132,8 +132,6 @@ class StepRunner:
         self._step = self._build_step()
         self._graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
         self._prefill_compiled = False
-        self._batched_prefill_compiled = False
-        self._batched_prefill_tried = False  # compiled once, or failed once (then rows keep the eager call)
         # Rows that can step together now: every slot when eager, else the largest batch bucket up to
         # which every bucket's graphs are captured (set by prepare()).
         self.ready_slots = 0 if policy.cuda_graphs else cache.n_slots
@@ -148,7 +146,10 @@ class StepRunner:
         # between them is captured in the same CUDA graph (no launch overhead at replay), but each
         # eager kernel breaks the chain of programmatic dependent launches.
         ops = StepOps()
+        # Rows admitted together run the eager call until prepare() has compiled theirs (it takes
+        # the pending one, once, whether it compiles or fails).
         self.prefill_block = self.batched_prefill_block = call_block
+        self._pending_batched_prefill = None
         if self.policy.compile:
             backend = self.policy.inductor_backend()
             torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
@@ -171,7 +172,7 @@ class StepRunner:
             # length-generic from its first call (one compile instead of a static one, then another).
             prefill_backend = dataclasses.replace(self.policy, mode="default").inductor_backend()
             self.prefill_block = _length_generic(torch.compile(_prefill_block, fullgraph=True, backend=prefill_backend))
-            self.batched_prefill_block = _length_generic(
+            self._pending_batched_prefill = _length_generic(
                 torch.compile(_batched_prefill_block, fullgraph=True, backend=prefill_backend), batch=True)
         self.ops = ops
 
@@ -194,8 +195,7 @@ class StepRunner:
             self.prefill(0, self._compile_prompt())
             self._prefill_compiled = True
             logger.info("prefill compiled in {:.1f} s", time.perf_counter() - started)
-        if self.policy.compile and not self._batched_prefill_tried and max(batch_sizes) > 1:
-            self._batched_prefill_tried = True
+        if self._pending_batched_prefill is not None and max(batch_sizes) > 1:
             self._compile_batched_prefill()
         captured = len(self._graphs)
         try:
@@ -298,30 +298,31 @@ class StepRunner:
         such rows keep the eager call: slower admission, the same KV, and the batch graphs are still
         captured."""
         started = time.perf_counter()
+        block, self._pending_batched_prefill = self._pending_batched_prefill, None
         try:
-            self._prefill_rows([(0, self._compile_prompt(), 0), (1, self._compile_prompt(), 0)], compiling=True)
+            self._prefill_rows([(0, self._compile_prompt(), 0), (1, self._compile_prompt(), 0)], block)
         except Exception:
             logger.exception("compiling the batched prefill failed; rows admitted together prefill eagerly")
             return
-        self._batched_prefill_compiled = True
+        self.batched_prefill_block = block
         logger.info("batched prefill compiled in {:.1f} s", time.perf_counter() - started)
 
     def _compile_prompt(self) -> Tensor:
         """A prompt of zeros for the compiling prefill calls."""
         return torch.zeros(self.model.config.num_codebooks + 1, 17, dtype=torch.long, device=self.key_positions.device)
 
-    def _prefill_rows(self, rows: list[tuple[int, Tensor, int]], compiling: bool = False) -> None:
-        """One model call for rows in consecutive slots (rows[0]'s slot first): compiled once
-        prepare() has compiled it (compiling=True: this call compiles it), else eager."""
+    def _prefill_rows(self, rows: list[tuple[int, Tensor, int]], block=None) -> None:
+        """One model call for rows in consecutive slots (rows[0]'s slot first), through `block`
+        (default: batched_prefill_block, compiled once prepare() has compiled it, else eager)."""
         parts = [prompt[:, start:-1].T for _, prompt, start in rows]  # (columns, 1 + num_codebooks) each
         columns = torch.nn.utils.rnn.pad_sequence(parts, batch_first=True).transpose(1, 2).long()
         device = columns.device
         starts = torch.tensor([start for _, _, start in rows], device=device)
         positions = starts[:, None] + torch.arange(columns.shape[2], device=device)
         kv_len = max(start for _, _, start in rows) + columns.shape[2]
-        block = self.batched_prefill_block if compiling or self._batched_prefill_compiled else None
         with torch.inference_mode(), sdpa_kernel(PREFILL_ATTENTION):
-            self.model.forward_slow(columns, self.cache.views(positions, kv_len, rows[0][0]), block)
+            self.model.forward_slow(columns, self.cache.views(positions, kv_len, rows[0][0]),
+                                    block or self.batched_prefill_block)
 
     def prefill(self, slot: int, prompt: Tensor, start: int = 0, end: int | None = None) -> None:
         """Write prompt columns start..end-1 into the slot's KV cache at their positions; the columns
