@@ -50,3 +50,14 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo_for_gpu_tests(request):
+    """Each GPU test compiles its own models, and Dynamo keeps compiled code per function across
+    tests: after 32 recompiles of one (the step runner's regions, compiled by test after test in one
+    pytest process) it refuses the next under fullgraph=True. An engine compiles each region a few
+    times; tests start from none, as a fresh process does."""
+    if request.node.get_closest_marker("gpu") is not None:
+        torch._dynamo.reset()
+    yield
