@@ -91,7 +91,9 @@ def one_request(client, n: int, args) -> dict:
                     arrivals.append((time.perf_counter(), len(piece) / 2 / rate))
     except Exception as exc:  # a broken connection is a result of the test, not a crash of it
         return {"n": n, "status": None, "error": repr(exc)}
-    return {"n": n, "status": 200, **stream_record(started, arrivals)}
+    # Each read's arrival (s after the request) and audio (s): where a listener would have waited.
+    timeline = [[round(at - started, 4), round(seconds, 4)] for at, seconds in arrivals]
+    return {"n": n, "status": 200, **stream_record(started, arrivals), "arrivals": timeline}
 
 
 def run_level(client, clients: int, args, offset: int) -> dict:

@@ -15,7 +15,8 @@ from engine.model.dual_ar import TokenLayout
 from engine.model.loading import load_dual_ar
 from engine.runtime.kv_cache import KVCache
 from engine.runtime.prefix_cache import PrefixCache
-from engine.runtime.scheduler import ADMIT_GATHER_STEPS, Scheduler, SequenceSpec
+from engine.runtime.scheduler import (ADMIT_GATHER_STEPS, ADMIT_MAX_DEFER_STEPS, ADMIT_MIN_LEAD_S, RAMP, Scheduler,
+                                      SequenceSpec)
 from engine.runtime.step_runner import StepRunner
 from engine.text.prompt import text_part, voice_prefix
 from engine.text.tokenizer import S1Tokenizer
@@ -37,7 +38,7 @@ def model(s1_dir, s1_expected):
 def specs(s1_dir, s1_expected):
     """Six sequences: three texts in voice A (two references), two in voice B, one without a voice."""
     tok = S1Tokenizer.from_dir(s1_dir)
-    refs = list(zip(s1_expected["prompt_b_ref_texts"], s1_expected["prompt_b_ref_codes"]))
+    refs = list(zip(s1_expected["prompt_b_ref_texts"], s1_expected["prompt_b_ref_codes"], strict=True))
     voices = {"A": refs, "B": refs[1:], None: []}
     plan = [("A", "The first sentence.", 0.8, 0.8, 1.2, 11), ("A", "Another one, longer than that.", 0.7, 0.9, 1.0, 12),
             ("B", "Voice B speaks.", 0.8, 0.8, 1.1, 13), (None, "No voice at all.", 0.9, 0.7, 1.3, 14),
@@ -156,6 +157,43 @@ def test_arrivals_while_others_run_wait_a_few_steps_to_be_admitted_together(mode
     assert scheduler.running == 4
 
 
+def iterate(scheduler):
+    for h in scheduler.iteration():
+        h.owner.take(h.codes, h.first, h.final)
+
+
+@pytest.mark.parametrize("playing", [False, True])
+def test_arrivals_wait_while_a_started_stream_has_little_audio_ahead_of_its_listener(model, specs, playing):
+    """After its first hand-out (RAMP[0] frames), a stream's listener has less than ADMIT_MIN_LEAD_S
+    of audio ahead: an arrival waits for the next hand-out; with a listener playing faster than the
+    stream grows (playing=True: the clock runs ahead), at most ADMIT_MAX_DEFER_STEPS steps."""
+    frame_rate, now = RAMP[0] / (0.8 * ADMIT_MIN_LEAD_S), [0.0]
+    scheduler = scheduler_for(model, 4)
+    scheduler.frame_rate, scheduler.clock = frame_rate, lambda: now[0]
+    first, second = Collector(), Collector()
+    scheduler.submit(specs[0], first)
+    while not first.blocks:
+        iterate(scheduler)
+    scheduler.submit(specs[1], second, front=True)  # no gathering: only the lead holds it back
+    deferred = 0
+    while scheduler.running == 1:
+        if playing:
+            now[0] += 1.0
+        iterate(scheduler)
+        deferred += 1
+    if playing:
+        assert deferred == ADMIT_MAX_DEFER_STEPS + 1
+    else:  # admitted at the iteration after the second hand-out (RAMP[1] steps on) gave the listener enough
+        assert len(first.blocks) == 2 and sum(b.shape[1] for b in first.blocks) / frame_rate >= ADMIT_MIN_LEAD_S
+        assert deferred == RAMP[1] + 1
+    run_until_idle(scheduler)
+    alone = scheduler_for(model, 4)
+    collector = Collector()
+    alone.submit(specs[1], collector)
+    run_until_idle(alone)
+    assert torch.equal(second.codes, collector.codes)  # waiting changed nothing but when
+
+
 def test_a_cancelled_waiting_sequence_never_runs(model, specs):
     scheduler = scheduler_for(model, 1)
     running, waiting = Collector(), Collector()
@@ -229,7 +267,7 @@ def test_more_sequences_than_captured_graphs_drain_the_batch_for_a_capture(model
     scheduler.submit(specs[0], owners[0])
     scheduler.iteration()
     assert scheduler.running == 1 and not scheduler.needs_capture  # one sequence: batch 1's graphs serve it
-    for spec, owner in zip(specs[1:3], owners[1:]):
+    for spec, owner in zip(specs[1:3], owners[1:], strict=True):
         scheduler.submit(spec, owner)
     assert scheduler.needs_capture and scheduler.demand == 3
     # While draining, nothing is admitted; the running sequence finishes.
@@ -251,7 +289,7 @@ def test_without_graphs_for_more_rows_sequences_wait_for_a_free_captured_row(mod
     """A capture failed (nothing pending): at most `ready` sequences run, the rest wait their turn."""
     scheduler = partly_captured_scheduler(model, 4, ready=2, pending=[])
     owners = [Collector() for _ in range(4)]
-    for spec, owner in zip(specs, owners):
+    for spec, owner in zip(specs, owners, strict=False):
         scheduler.submit(spec, owner)
     most = 0
 

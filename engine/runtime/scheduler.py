@@ -9,7 +9,10 @@ One `iteration()` (on the GPU worker thread):
      (ADMIT_GATHER_STEPS), so that arrivals one by one do not cost a prefill call each; at most as
      many sequences run as the runner has graphs for (`ready_slots`), and while more are asking
      than that and larger batch graphs are still to capture, none is admitted: the running ones
-     finish, and the caller captures the graphs the demand needs (`needs_capture`);
+     finish, and the caller captures the graphs the demand needs (`needs_capture`); and while a
+     started stream has less than ADMIT_MIN_LEAD_S of audio ahead of a listener who began at its
+     first hand-out, admission waits (up to ADMIT_MAX_DEFER_STEPS steps), since a prefill call and
+     the newcomers' first codec calls hold up every running sequence;
   3. runs one batched decode step for every slot up to the highest one in use (a CUDA-graph
      replay for the batch and kv-length buckets; idle rows inside the bucket stand still);
   4. every so often reads back how many frames each slot has before `<|im_end|>`, and hands out
@@ -29,6 +32,7 @@ property and a `fail(exc)` method; frames come back as `Harvest`s for the caller
 from __future__ import annotations
 
 import itertools
+import time
 from collections import deque
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -56,6 +60,13 @@ MIN_PREFIX = 16
 # admitted with it: a prefill call costs ~15-25 ms of host time however many rows it has (H100),
 # and requests arriving one by one would otherwise stall every running sequence once each.
 ADMIT_GATHER_STEPS = 4
+# Admission holds up running sequences (64 streams over HTTP on an H100: 8 frames took 0.23-0.35 s
+# while later arrivals were admitted, against ~0.05 s otherwise, and listeners who had only the
+# first 4 frames, 0.19 s, ran dry: docs/PERFORMANCE.md). So while a started stream has less audio
+# than this ahead of its listener, arrivals wait, for at most ADMIT_MAX_DEFER_STEPS steps (a
+# stream slower than real time must not keep them out for good).
+ADMIT_MIN_LEAD_S = 0.25
+ADMIT_MAX_DEFER_STEPS = 16
 
 
 class Owner(Protocol):
@@ -113,11 +124,16 @@ class _Running:
     emitted: int = 0  # frames handed out
     harvested: bool = False
     text_start: int = 0  # the first prompt column prefilled at admission (after a voice prefix served by the cache)
+    first_out: float | None = None  # the clock when its first frames were handed out
 
 
 class Scheduler:
-    def __init__(self, runner: StepRunner, prefix_cache: PrefixCache | None = None, max_admit_per_step: int = 16):
+    def __init__(self, runner: StepRunner, prefix_cache: PrefixCache | None = None, max_admit_per_step: int = 16,
+                 frame_rate: float | None = None, clock=time.monotonic):
+        """frame_rate: frames per second of audio, for the listeners' lead (see ADMIT_MIN_LEAD_S); None
+        admits without looking at it. clock: seconds, monotonic."""
         self.runner = runner
+        self.frame_rate, self.clock = frame_rate, clock
         self.prefix_cache = prefix_cache
         self.max_admit_per_step = max_admit_per_step
         self.n_slots = runner.cache.n_slots
@@ -131,6 +147,7 @@ class Scheduler:
         self._flip = 0
         self._steps = 0  # batched steps run so far
         self._admit_at = 0  # the step from which the waiting sequences are admitted (see ADMIT_GATHER_STEPS)
+        self._deferred = 0  # steps admission has waited for listeners' lead (see ADMIT_MIN_LEAD_S)
 
     # ---- queue --------------------------------------------------------------------------------
 
@@ -211,6 +228,12 @@ class Scheduler:
             return  # drain: the caller captures larger batch graphs once nothing runs
         if self._running and self._steps < self._admit_at and len(self._waiting) < self.max_admit_per_step:
             return  # gather arrivals for one prefill call (see ADMIT_GATHER_STEPS)
+        if not self._waiting:
+            return
+        if self._deferred < ADMIT_MAX_DEFER_STEPS and self._a_listener_is_short():
+            self._deferred += 1
+            return
+        self._deferred = 0
         # At least one row: without any graph, the step itself reports what is missing.
         limit = min(self.n_slots, max(self.runner.ready_slots, 1))
         free = sorted(set(range(self.n_slots)) - self._running.keys())
@@ -234,6 +257,14 @@ class Scheduler:
                 seq.owner.fail(exc)
                 continue
             self._running[seq.slot] = seq
+
+    def _a_listener_is_short(self) -> bool:
+        """Whether a started stream has less than ADMIT_MIN_LEAD_S of audio ahead of its listener."""
+        if self.frame_rate is None:
+            return False
+        now = self.clock()
+        return any(seq.emitted / self.frame_rate - (now - seq.first_out) < ADMIT_MIN_LEAD_S
+                   for seq in self._running.values() if seq.first_out is not None)
 
     def _prefill_prefix(self, slot: int, spec: SequenceSpec) -> int:
         """Put the sequence's voice prefix in its slot when the prefix cache serves it; returns the
@@ -318,6 +349,8 @@ class Scheduler:
             final = ended or steps >= seq.budget
             codes = frames[slot, 1:, seq.emitted:valid]
             harvests.append(Harvest(seq.owner, slot, codes, first=not seq.harvested, final=final))
+            if not seq.harvested:
+                seq.first_out = self.clock()
             seq.emitted, seq.harvested = valid, True
             if final:
                 self._retire(seq)
