@@ -15,8 +15,8 @@ from engine.model.dual_ar import TokenLayout
 from engine.model.loading import load_dual_ar
 from engine.runtime.kv_cache import KVCache
 from engine.runtime.prefix_cache import PrefixCache
-from engine.runtime.scheduler import (ADMIT_GATHER_STEPS, ADMIT_MAX_DEFER_STEPS, ADMIT_MIN_LEAD_S, RAMP, Scheduler,
-                                      SequenceSpec)
+from engine.runtime.scheduler import (ADMIT_GATHER_STEPS, ADMIT_MAX_DEFER_STEPS, ADMIT_MIN_LEAD_S, RAMP, RAMP_END,
+                                      Scheduler, SequenceSpec)
 from engine.runtime.step_runner import StepRunner
 from engine.text.prompt import text_part, voice_prefix
 from engine.text.tokenizer import S1Tokenizer
@@ -162,36 +162,94 @@ def iterate(scheduler):
         h.owner.take(h.codes, h.first, h.final)
 
 
-@pytest.mark.parametrize("playing", [False, True])
-def test_arrivals_wait_while_a_started_stream_has_little_audio_ahead_of_its_listener(model, specs, playing):
-    """After its first hand-out (RAMP[0] frames), a stream's listener has less than ADMIT_MIN_LEAD_S
-    of audio ahead: an arrival waits for the next hand-out; with a listener playing faster than the
-    stream grows (playing=True: the clock runs ahead), at most ADMIT_MAX_DEFER_STEPS steps."""
-    frame_rate, now = RAMP[0] / (0.8 * ADMIT_MIN_LEAD_S), [0.0]
+def short_lead_scheduler(model):
+    """A scheduler whose listeners are short of audio (lead under ADMIT_MIN_LEAD_S) after a first
+    hand-out alone, with a clock the test moves."""
+    now = [0.0]
     scheduler = scheduler_for(model, 4)
-    scheduler.frame_rate, scheduler.clock = frame_rate, lambda: now[0]
-    first, second = Collector(), Collector()
-    scheduler.submit(specs[0], first)
-    while not first.blocks:
+    scheduler.max_admit_per_step = 4
+    scheduler.frame_rate, scheduler.clock = RAMP[0] / (0.8 * ADMIT_MIN_LEAD_S), lambda: now[0]
+    return scheduler, now
+
+
+def first_hand_out(scheduler, spec, owner, front=False):
+    scheduler.submit(spec, owner, front=front)
+    while not owner.blocks:
         iterate(scheduler)
-    scheduler.submit(specs[1], second, front=True)  # no gathering: only the lead holds it back
-    deferred = 0
-    while scheduler.running == 1:
-        if playing:
-            now[0] += 1.0
+
+
+def iterations_to_admit(scheduler, spec, owner, front=False, tick=None):
+    """Queue the sequence (front=True: as a request's next text chunk; else straight behind any
+    gathering, so that only listeners' lead can hold it back), then iterate until it runs; tick()
+    before each iteration. Returns the iterations that took."""
+    if front:
+        scheduler.submit(spec, owner, front=True)
+    else:
+        scheduler._waiting.append((spec, owner, False))
+    count = 0
+    while not any(seq.owner is owner for seq in scheduler._running.values()):
+        if tick:
+            tick()
         iterate(scheduler)
-        deferred += 1
-    if playing:
-        assert deferred == ADMIT_MAX_DEFER_STEPS + 1
-    else:  # admitted at the iteration after the second hand-out (RAMP[1] steps on) gave the listener enough
-        assert len(first.blocks) == 2 and sum(b.shape[1] for b in first.blocks) / frame_rate >= ADMIT_MIN_LEAD_S
-        assert deferred == RAMP[1] + 1
+        count += 1
+    return count
+
+
+def test_arrivals_wait_for_the_second_hand_out_of_a_stream_whose_listener_is_short(model, specs):
+    """After its first hand-out (RAMP[0] frames, under ADMIT_MIN_LEAD_S of audio) a stream makes a
+    new request wait for its second one; then the newcomer, once handed out, makes the next wait
+    (the count of deferred steps starts again). Waiting changes no codes."""
+    scheduler, _ = short_lead_scheduler(model)
+    owners = [Collector() for _ in range(3)]
+    first_hand_out(scheduler, specs[0], owners[0])
+    assert iterations_to_admit(scheduler, specs[1], owners[1]) == RAMP[1] + 1  # the iteration after the 2nd hand-out
+    assert len(owners[0].blocks) == 2
+    while not owners[1].blocks:
+        iterate(scheduler)
+    assert iterations_to_admit(scheduler, specs[2], owners[2]) == RAMP[1] + 1
+    assert len(owners[1].blocks) == 2
     run_until_idle(scheduler)
     alone = scheduler_for(model, 4)
     collector = Collector()
     alone.submit(specs[1], collector)
     run_until_idle(alone)
-    assert torch.equal(second.codes, collector.codes)  # waiting changed nothing but when
+    assert torch.equal(owners[1].codes, collector.codes)
+
+
+def test_a_listener_falling_behind_holds_arrivals_back_for_a_bounded_number_of_steps(model, specs):
+    """With the listener's clock running ahead of the stream (a second per step), its lead never
+    recovers: an arrival waits ADMIT_MAX_DEFER_STEPS steps, then is admitted. (The lead is counted
+    from the first hand-out: were it counted from each, the second hand-out would let it in.)"""
+    scheduler, now = short_lead_scheduler(model)
+    first_hand_out(scheduler, specs[0], Collector())
+
+    def tick():
+        now[0] += 1.0
+
+    assert iterations_to_admit(scheduler, specs[1], Collector(), tick=tick) == ADMIT_MAX_DEFER_STEPS + 1
+
+
+def test_a_requests_next_text_chunk_neither_waits_for_short_listeners_nor_makes_others_wait(model, specs):
+    scheduler, _ = short_lead_scheduler(model)
+    first_hand_out(scheduler, specs[0], Collector())
+    assert iterations_to_admit(scheduler, specs[1], Collector(), front=True) == 1  # a next chunk: at once
+    scheduler, _ = short_lead_scheduler(model)
+    first_hand_out(scheduler, specs[0], Collector(), front=True)  # its listener has the chunk before's audio
+    assert iterations_to_admit(scheduler, specs[1], Collector()) == 1
+
+
+def test_a_stream_past_its_ramp_holds_no_one_back(model, specs):
+    """Once a stream has handed out its ramp (RAMP_END frames), a short lead (a listener ahead of
+    it: the stream is slower than real time) no longer defers admission: deferring cannot help it."""
+    import dataclasses
+
+    scheduler, now = short_lead_scheduler(model)
+    owner = Collector()
+    first_hand_out(scheduler, dataclasses.replace(specs[0], max_new_tokens=4 * RAMP_END), owner)
+    while sum(block.shape[1] for block in owner.blocks) < RAMP_END:
+        iterate(scheduler)
+    now[0] += 100.0
+    assert iterations_to_admit(scheduler, specs[1], Collector()) == 1
 
 
 def test_a_cancelled_waiting_sequence_never_runs(model, specs):

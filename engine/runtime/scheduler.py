@@ -10,9 +10,10 @@ One `iteration()` (on the GPU worker thread):
      many sequences run as the runner has graphs for (`ready_slots`), and while more are asking
      than that and larger batch graphs are still to capture, none is admitted: the running ones
      finish, and the caller captures the graphs the demand needs (`needs_capture`); and while a
-     started stream has less than ADMIT_MIN_LEAD_S of audio ahead of a listener who began at its
-     first hand-out, admission waits (up to ADMIT_MAX_DEFER_STEPS steps), since a prefill call and
-     the newcomers' first codec calls hold up every running sequence;
+     stream in its first hand-outs (RAMP) has less than ADMIT_MIN_LEAD_S of audio ahead of a
+     listener who began at its first hand-out, new requests wait (up to ADMIT_MAX_DEFER_STEPS
+     steps), since a prefill call and the newcomers' first codec calls hold up every running
+     sequence;
   3. runs one batched decode step for every slot up to the highest one in use (a CUDA-graph
      replay for the batch and kv-length buckets; idle rows inside the bucket stand still);
   4. every so often reads back how many frames each slot has before `<|im_end|>`, and hands out
@@ -60,11 +61,12 @@ MIN_PREFIX = 16
 # admitted with it: a prefill call costs ~15-25 ms of host time however many rows it has (H100),
 # and requests arriving one by one would otherwise stall every running sequence once each.
 ADMIT_GATHER_STEPS = 4
-# Admission holds up running sequences (64 streams over HTTP on an H100: 8 frames took 0.23-0.35 s
-# while later arrivals were admitted, against ~0.05 s otherwise, and listeners who had only the
-# first 4 frames, 0.19 s, ran dry: docs/PERFORMANCE.md). So while a started stream has less audio
-# than this ahead of its listener, arrivals wait, for at most ADMIT_MAX_DEFER_STEPS steps (a
-# stream slower than real time must not keep them out for good).
+# Admission holds up running sequences (64 streams over HTTP on an H100: 8 frames took 0.21-0.35 s
+# while later arrivals were admitted, and listeners who had only the first 4 frames, 0.19 s, ran
+# dry: docs/PERFORMANCE.md). So while a stream in its ramp has less audio than this ahead of its
+# listener, new requests wait, for at most ADMIT_MAX_DEFER_STEPS steps in a row (a stream slower
+# than real time must not keep them out for good). The lead counts frames as they leave for the
+# codec, from the first hand-out: the codec's delay shifts both ends alike.
 ADMIT_MIN_LEAD_S = 0.25
 ADMIT_MAX_DEFER_STEPS = 16
 
@@ -125,6 +127,7 @@ class _Running:
     harvested: bool = False
     text_start: int = 0  # the first prompt column prefilled at admission (after a voice prefix served by the cache)
     first_out: float | None = None  # the clock when its first frames were handed out
+    continues: bool = False  # a request's next text chunk: its listener still has the chunk before's audio
 
 
 class Scheduler:
@@ -137,7 +140,7 @@ class Scheduler:
         self.prefix_cache = prefix_cache
         self.max_admit_per_step = max_admit_per_step
         self.n_slots = runner.cache.n_slots
-        self._waiting: deque[tuple[SequenceSpec, Any]] = deque()
+        self._waiting: deque[tuple[SequenceSpec, Any, bool]] = deque()  # (spec, owner, front)
         self._running: dict[int, _Running] = {}  # by slot
         self._snapshot: _Snapshot | None = None
         device = runner.state.length.device
@@ -147,18 +150,19 @@ class Scheduler:
         self._flip = 0
         self._steps = 0  # batched steps run so far
         self._admit_at = 0  # the step from which the waiting sequences are admitted (see ADMIT_GATHER_STEPS)
-        self._deferred = 0  # steps admission has waited for listeners' lead (see ADMIT_MIN_LEAD_S)
+        self._deferred = 0  # steps in a row admission has waited for listeners' lead (see ADMIT_MIN_LEAD_S)
 
     # ---- queue --------------------------------------------------------------------------------
 
     def submit(self, spec: SequenceSpec, owner: Owner, *, front: bool = False) -> None:
         """Queue a sequence; front=True for the next text chunk of a request already running (it is
-        admitted without waiting for others: its listener is waiting)."""
+        admitted without waiting for others or for other listeners' lead: its own listener is
+        waiting)."""
         if front:
             self._admit_at = self._steps
         elif not self._waiting:
             self._admit_at = self._steps + ADMIT_GATHER_STEPS
-        (self._waiting.appendleft if front else self._waiting.append)((spec, owner))
+        (self._waiting.appendleft if front else self._waiting.append)((spec, owner, front))
 
     @property
     def busy(self) -> bool:
@@ -209,18 +213,19 @@ class Scheduler:
             seq.owner.fail(exc)
         while self._waiting:
             self._waiting.popleft()[1].fail(exc)
+        self._deferred = 0
 
     def _drop_cancelled(self) -> None:
         for seq in [s for s in self._running.values() if s.owner.cancelled]:
             self._retire(seq)
             seq.owner.fail(Cancelled())
-        if any(owner.cancelled for _, owner in self._waiting):
+        if any(owner.cancelled for _, owner, _ in self._waiting):
             keep = deque()
-            for spec, owner in self._waiting:
-                if owner.cancelled:
-                    owner.fail(Cancelled())
+            for entry in self._waiting:
+                if entry[1].cancelled:
+                    entry[1].fail(Cancelled())
                 else:
-                    keep.append((spec, owner))
+                    keep.append(entry)
             self._waiting = keep
 
     def _admit(self) -> None:
@@ -228,19 +233,21 @@ class Scheduler:
             return  # drain: the caller captures larger batch graphs once nothing runs
         if self._running and self._steps < self._admit_at and len(self._waiting) < self.max_admit_per_step:
             return  # gather arrivals for one prefill call (see ADMIT_GATHER_STEPS)
-        if not self._waiting:
+        # At least one row: without any graph, the step itself reports what is missing.
+        limit = min(self.n_slots, max(self.runner.ready_slots, 1))
+        if not self._waiting or len(self._running) >= limit:
+            self._deferred = 0
             return
-        if self._deferred < ADMIT_MAX_DEFER_STEPS and self._a_listener_is_short():
+        front_waiting = self._waiting[0][2]  # front entries head the queue
+        if not front_waiting and self._deferred < ADMIT_MAX_DEFER_STEPS and self._a_listener_is_short():
             self._deferred += 1
             return
         self._deferred = 0
-        # At least one row: without any graph, the step itself reports what is missing.
-        limit = min(self.n_slots, max(self.runner.ready_slots, 1))
         free = sorted(set(range(self.n_slots)) - self._running.keys())
         admitted: list[_Running] = []
         while self._waiting and len(self._running) + len(admitted) < limit and len(admitted) < self.max_admit_per_step:
-            spec, owner = self._waiting.popleft()
-            seq = _Running(spec, owner, free[len(admitted)], spec.prompt.shape[1], 0)
+            spec, owner, front = self._waiting.popleft()
+            seq = _Running(spec, owner, free[len(admitted)], spec.prompt.shape[1], 0, continues=front)
             try:
                 seq.budget = frame_budget(spec.prompt.shape[1], spec.max_new_tokens, self.runner.cache.capacity)
                 seq.text_start = self._prefill_prefix(seq.slot, spec)
@@ -259,12 +266,14 @@ class Scheduler:
             self._running[seq.slot] = seq
 
     def _a_listener_is_short(self) -> bool:
-        """Whether a started stream has less than ADMIT_MIN_LEAD_S of audio ahead of its listener."""
+        """Whether a stream in its ramp (handed out, not a request's next chunk) has less than
+        ADMIT_MIN_LEAD_S of audio ahead of its listener."""
         if self.frame_rate is None:
             return False
         now = self.clock()
         return any(seq.emitted / self.frame_rate - (now - seq.first_out) < ADMIT_MIN_LEAD_S
-                   for seq in self._running.values() if seq.first_out is not None)
+                   for seq in self._running.values()
+                   if seq.first_out is not None and not seq.continues and seq.emitted < RAMP_END)
 
     def _prefill_prefix(self, slot: int, spec: SequenceSpec) -> int:
         """Put the sequence's voice prefix in its slot when the prefix cache serves it; returns the
