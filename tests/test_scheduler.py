@@ -198,7 +198,8 @@ def iterations_to_admit(scheduler, spec, owner, front=False, tick=None):
 def test_arrivals_wait_for_the_second_hand_out_of_a_stream_whose_listener_is_short(model, specs):
     """After its first hand-out (RAMP[0] frames, under ADMIT_MIN_LEAD_S of audio) a stream makes a
     new request wait for its second one; then the newcomer, once handed out, makes the next wait
-    (the count of deferred steps starts again). Waiting changes no codes."""
+    as long (the count of deferred steps starts again from an empty queue). Waiting changes no
+    codes."""
     scheduler, _ = short_lead_scheduler(model)
     owners = [Collector() for _ in range(3)]
     first_hand_out(scheduler, specs[0], owners[0])
@@ -217,14 +218,15 @@ def test_arrivals_wait_for_the_second_hand_out_of_a_stream_whose_listener_is_sho
 
 
 def test_a_listener_falling_behind_holds_arrivals_back_for_a_bounded_number_of_steps(model, specs):
-    """With the listener's clock running ahead of the stream (a second per step), its lead never
-    recovers: an arrival waits ADMIT_MAX_DEFER_STEPS steps, then is admitted. (The lead is counted
-    from the first hand-out: were it counted from each, the second hand-out would let it in.)"""
+    """With the stream slower than real time (a tenth of a second per step: 10 frames/s, its listener
+    plays 20), its lead never recovers: an arrival waits ADMIT_MAX_DEFER_STEPS steps, then is
+    admitted. (The lead is counted from the first hand-out: were it counted from each, the second
+    hand-out would let the arrival in.)"""
     scheduler, now = short_lead_scheduler(model)
     first_hand_out(scheduler, specs[0], Collector())
 
     def tick():
-        now[0] += 1.0
+        now[0] += 0.1
 
     assert iterations_to_admit(scheduler, specs[1], Collector(), tick=tick) == ADMIT_MAX_DEFER_STEPS + 1
 
