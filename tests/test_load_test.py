@@ -25,6 +25,11 @@ def test_load_test_drives_the_server_and_reports_each_level(tmp_path):
         assert level["errors"] == 0 and level["requests"] == 2 * level["streams"]
         assert all(r["status"] == 200 for r in level["records"])
         for record in level["records"]:
+            # Each read's arrival (s after the request started) and audio (s): in order, the first
+            # at the time to first audio, together all of the request's audio.
+            times = [at for at, _ in record["arrivals"]]
+            assert times == sorted(times) and abs(times[0] * 1000 - record["ttfa_ms"]) < 1.0
+            assert abs(sum(seconds for _, seconds in record["arrivals"]) - record["audio_s"]) < 1e-3
             body, kind = load_test.request_body(record["n"], _Args()), load_test.voice_kind(record["n"])
             assert ("reference_id" in body, "references" in body) == {
                 "saved_voice": (True, False), "inline_clip": (False, True), "no_voice": (False, False)}[kind]
