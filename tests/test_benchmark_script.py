@@ -28,6 +28,7 @@ def test_benchmark_reports_every_stable_name_with_a_side_by_side_configuration(t
     assert 0 < single["ttfa_ms_p50"] <= single["ttfa_ms_p95"] and single["ttfa_clone_ms_p50"] > 0
     assert set(report["memory"]) >= {"after_load_gb", "peak_gb"}  # None on a CPU: no device allocator
     assert report["startup"]["cold_compile_s"] >= 0 and report["startup"]["warm_restart_s"] > 0
+    assert report["startup"]["cold_torch_compile_s"] == {}  # the demo on a CPU runs eager: nothing compiled
     assert set(report["latency_ms"]) == {"short_text", "voice_clone_10s"}
     assert [c["name"] for c in report["configurations"]] == ["base", "max_batch_size=2"]
     for config in report["configurations"]:
@@ -107,3 +108,16 @@ def test_profile_first_requests_times_each_phase_of_each_request(tmp_path):
     assert phases[1] == ["encode_reference", "load", "prefill", "store", "prefill"]
     assert phases[2] == ["prefill"]
     assert run.stdout.count("Self CPU time total") == 1  # the first prefill after a prefix, profiled once
+
+
+def test_the_start_up_reports_the_stages_of_torch_compile():
+    import torch
+
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import benchmark  # noqa: E402
+
+    torch._dynamo.reset()
+    torch.compile(lambda x: (x.sin() * 2).sum())(torch.randn(8))
+    stages = benchmark.torch_compile_stages()
+    assert set(stages) <= set(benchmark.COMPILE_STAGES.values()) and stages["all"] > 0
+    assert all(0 <= seconds <= stages["all"] for seconds in stages.values())
