@@ -87,7 +87,7 @@ class TTSEngine:
             bytes_per_slot(c.n_layer, c.n_local_heads, capacity, c.head_dim, models.placement.dtype),
             models.placement.device)
         codec = models.codec.config
-        reference_frames = math.ceil(config.max_reference_seconds * codec.sample_rate / codec.frame_length)
+        reference_frames = math.ceil(config.max_reference_seconds * codec.frame_rate)
         self._synthesizer = Synthesizer(models, self.reference_cache, self.policy, config.exact_sampling,
                                        capacity, self.slots, PREFIX_CACHE_BYTES, reference_frames,
                                        decode_priority=config.decode_priority)

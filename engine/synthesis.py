@@ -78,8 +78,7 @@ class Synthesizer:
             # the other 151,679 rows of the output matrix (310 MB in bf16 at full size): free them.
             models.model.release_output_()
         self.prefix_cache = PrefixCache(cache, prefix_cache_bytes)
-        codec = models.codec.config
-        self.scheduler = Scheduler(self.runner, self.prefix_cache, frame_rate=codec.sample_rate / codec.frame_length)
+        self.scheduler = Scheduler(self.runner, self.prefix_cache, frame_rate=models.codec.config.frame_rate)
         if policy.compile:  # CUDA with Triton: the decoder's pointwise work as Triton kernels
             from .model import codec_kernels
 

@@ -8,8 +8,9 @@
 Measures, per configuration: single-stream decode frames/s and real-time factor (prompt of about
 --prompt-positions positions, --frames frames), prefill time, time to first audio while streaming,
 codec decode time per audio second, cold compile and warm restart (fresh processes sharing a fresh
-compile cache; with the seconds each spent in torch.compile's main stages), memory after load and at peak (each configuration in a process of its own: a closed
-engine's compiled graphs keep device memory that would count against the next one), and end-to-end
+compile cache; with the seconds each spent in torch.compile's main stages), memory after load and
+at peak (each configuration in a process of its own: a closed engine's compiled graphs keep device
+memory that would count against the next one), and end-to-end
 latency percentiles over --requests requests of two kinds: a short text, and a voice clone with a
 10 s reference; then a concurrency sweep (continuous batching, in process, codec included): at each
 level, that many streams at once, each a ~10 s request (unique texts; half of them clone one of two

@@ -83,6 +83,11 @@ class CodecConfig:
         self._validate()
 
     @property
+    def frame_rate(self) -> float:
+        """Codes per second of audio (one code per codebook every frame_length samples)."""
+        return self.sample_rate / self.frame_length
+
+    @property
     def num_codebooks(self) -> int:
         return self.num_codebooks_total
 
