@@ -89,3 +89,42 @@ def test_on_start_runs_first_on_the_worker_thread_and_a_failing_one_leaves_it_se
         assert worker.call(lambda: "still serving") == "still serving"
     finally:
         worker.close()
+
+
+def test_jobs_arriving_one_after_another_do_not_hold_up_the_decode_loop():
+    """A burst of requests reaches the worker one job at a time; the decode loop still iterates
+    after every round of waiting jobs, not only once the burst is over."""
+    log: list[str] = []
+    remaining = {"iterations": 0}
+    worker_ref: list[GPUWorker] = []
+
+    def iterate() -> bool:
+        log.append("iterate")
+        remaining["iterations"] -= 1
+        return remaining["iterations"] > 0
+
+    def arrival(n: int):
+        def work(job) -> None:
+            log.append("job")
+            if n > 1:  # the next request arrives while this one is being handled
+                worker_ref[0].submit(arrival(n - 1))
+            job.finish()
+        return work
+
+    worker = GPUWorker(capacity=64, iterate=iterate)
+    worker_ref.append(worker)
+    try:
+        def start() -> None:
+            remaining["iterations"] = 1000  # the decode loop has work from now on
+            worker.submit(arrival(20))
+
+        worker.call(start)
+        deadline = time.monotonic() + 5
+        while log.count("job") < 20:
+            assert time.monotonic() < deadline, f"the jobs did not all run: {log.count('job')}"
+            time.sleep(0.01)
+        first_jobs = log[:log.index("job") + 40]
+        runs = "".join("j" if entry == "job" else "i" for entry in first_jobs)
+        assert "jj" not in runs.strip("i"), f"jobs ran back to back while the loop had work: {runs}"
+    finally:
+        worker.close()

@@ -2,9 +2,9 @@
 
 CUDA graphs, compiled callables and grad mode are thread-local, so every tensor operation of the
 engine runs on this thread. Callers submit a job and iterate its results from their own thread.
-The thread alternates between the jobs that arrived (each one's `work` runs at once: set-up calls
-run to completion, requests hand their sequences to the scheduler) and one `iterate()` of the
-engine's decode loop while that has work. With nothing to do for IDLE_AFTER_S, it runs the
+The thread alternates between the jobs that have arrived (each one's `work` runs at once: set-up
+calls run to completion, requests hand their sequences to the scheduler) and one `iterate()` of the
+engine's decode loop: after each round of jobs, and whenever no job waits while the loop has work. With nothing to do for IDLE_AFTER_S, it runs the
 background work given to `when_idle` (capturing larger batch graphs), one unit between checks of
 its queue, until none is left. A job ends when `finish()` is called on it, by its work
 or later by whoever carries it on; a failing job reports its exception to its caller and the
@@ -154,11 +154,25 @@ class GPUWorker:
                     if not self._guarded(self._idle, "background work"):
                         self._idle = None
                 continue
-            if job is None:
+            if not self._run_round(job):
                 return
-            self._run(job)
             job = None  # hold no finished job (its unread output) while the loop waits
-            busy, quiet = True, False  # the job may have handed work to the decode loop
+            busy = self._guarded(self._iterate, "decode loop iteration")  # the jobs may have handed it work
+            quiet = False
+
+    def _run_round(self, job: Job | None) -> bool:
+        """Run `job` and the jobs waiting behind it now, no later arrivals: jobs arriving one after
+        another (a burst of requests being parsed) must not hold up the decode loop's running
+        sequences, nor the admission of the requests that arrived first. False once closed."""
+        for _ in range(self._queue.qsize()):
+            if job is None:
+                return False
+            self._run(job)
+            job = self._queue.get_nowait()
+        if job is None:
+            return False
+        self._run(job)
+        return True
 
     def _run(self, job: Job) -> None:
         if job.cancelled:
