@@ -28,7 +28,7 @@ from .params import SamplingParams
 from .references import ReferenceCodeCache, VoiceStore, default_cache_dir, default_voices_dir
 from .runtime.kv_cache import bytes_per_slot
 from .runtime.worker import GPUWorker
-from .synthesis import AudioChunk, PreparedRequest, Synthesizer
+from .synthesis import AudioChunk, PreparedRequest, ReferenceClip, Synthesizer
 from .text.splitter import split_text
 
 WARMUP_TEXT = "Hello world."
@@ -240,10 +240,11 @@ class TTSEngine:
             self.config.seed if self.config.seed is not None else secrets.randbits(31))
         return PreparedRequest(split_text(text, params.chunk_length), refs, params, seed)
 
-    def _load_reference(self, audio, transcript: str, label: str) -> tuple[np.ndarray, str]:
+    def _load_reference(self, audio, transcript: str, label: str) -> ReferenceClip:
         if not isinstance(transcript, str) or not transcript.strip():
             raise InputError(f"{label} has no transcript: give the exact words spoken in the reference audio")
-        return load_audio(audio, max_seconds=self.config.max_reference_seconds), transcript.strip()
+        samples = load_audio(audio, max_seconds=self.config.max_reference_seconds)
+        return ReferenceClip(samples, transcript.strip(), self.reference_cache.key(samples))
 
     # ---- status -------------------------------------------------------------------------------
 

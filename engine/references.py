@@ -106,8 +106,12 @@ class ReferenceCodeCache:
         """The clip's key, and its codes (a copy) when memory or disk has them; with None, the
         caller encodes the clip itself and hands the codes to `put`."""
         key = self.key(samples)
+        return key, self.cached_copy(key)
+
+    def cached_copy(self, key: str) -> torch.Tensor | None:
+        """The codes of the clip `key` (a copy) when memory or disk has them, else None."""
         codes = self._cached(key)
-        return key, None if codes is None else codes.clone()
+        return None if codes is None else codes.clone()
 
     def put(self, key: str, codes: torch.Tensor) -> torch.Tensor:
         """Keep the freshly encoded codes of the clip `key` (in memory and on disk); returns them."""

@@ -41,13 +41,26 @@ REFERENCE_CHUNK_FRAMES = 32  # ~1.5 s of reference audio at a time: on an H100, 
 # Clips up to this long encode through the chunk graph, whose RoPE tables are sized for them up front
 # (~95 s; a raised max_reference_seconds makes longer clips encode eagerly instead of growing the tables).
 GRAPHED_REFERENCE_FRAMES = 2048
+# Reference clips encoding on the GPU at once: a 10 s clip is ~50 ms of GPU work and a few hundred
+# graph launches; a burst of new voices queued at once filled the GPU's command buffer, after which
+# every launch, the decode steps' too, waited ~50 ms per clip for the encodes to drain (H100:
+# docs/PERFORMANCE.md). One at a time left the encoder idle between clips (the next started only when
+# the worker saw the last one finish); two keep it busy.
+ENCODES_IN_FLIGHT = 2
 ENCODE_POLL_S = 0.001  # how often an otherwise idle worker checks whether an encode has finished
+
+
+@dataclass(frozen=True)
+class ReferenceClip:
+    samples: np.ndarray  # 44.1 kHz mono
+    transcript: str
+    key: str  # ReferenceCodeCache.key(samples), hashed on the caller's thread, not the GPU worker's
 
 
 @dataclass
 class PreparedRequest:
     chunks: list[str]
-    references: list[tuple[np.ndarray, str]]  # (44.1 kHz mono samples, transcript)
+    references: list[ReferenceClip]
     params: SamplingParams
     seed: int
 
@@ -57,6 +70,35 @@ class AudioChunk:
     samples: np.ndarray  # float32 mono
     frames: int
     text_chunk: int
+
+
+class ClipEncode:
+    """One reference clip's encode: waiting for its turn until `start`, then running on the GPU."""
+
+    def __init__(self, samples: np.ndarray):
+        self.samples: np.ndarray | None = samples
+        self.handle: EncodeHandle | None = None
+        self.error: Exception | None = None
+
+    @property
+    def started(self) -> bool:
+        return self.handle is not None or self.error is not None
+
+    def start(self, encoder: ReferenceEncoder) -> None:
+        try:
+            self.handle = encoder.start(self.samples)
+        except Exception as exc:  # the requests waiting for this clip fail with it (RequestRun.try_start)
+            self.error = exc
+        self.samples = None
+
+    def ready(self) -> bool:
+        return self.error is not None or (self.handle is not None and self.handle.ready())
+
+    def result(self) -> torch.Tensor:
+        """The clip's codes; raises the encode's error. Only once ready()."""
+        if self.error is not None:
+            raise self.error
+        return self.handle.result()
 
 
 class Synthesizer:
@@ -88,7 +130,7 @@ class Synthesizer:
         self.codec_runner = CodecRunner(models.codec, slots, self.capacity)
         self.reference_encoder = ReferenceEncoder(models.codec, REFERENCE_CHUNK_FRAMES,
                                                   min(reference_frames, GRAPHED_REFERENCE_FRAMES))
-        self._encoding: dict[str, EncodeHandle] = {}  # reference clips being encoded, by cache key
+        self._encoding: dict[str, ClipEncode] = {}  # reference clips being encoded or waiting to, by cache key
         self._awaiting_voice: list[RequestRun] = []  # requests waiting for their clips' codes
 
     @property
@@ -149,21 +191,32 @@ class Synthesizer:
                 break
         return bool(self.runner.pending_batches)
 
-    def voice_codes(self, samples: np.ndarray) -> torch.Tensor | EncodeHandle:
-        """On the worker thread: a reference clip's codes from the cache, or the handle of its encode
-        (started here unless one for the same clip is running), which `iterate` caches once done.
+    def voice_codes(self, clip: ReferenceClip) -> torch.Tensor | ClipEncode:
+        """On the worker thread: a reference clip's codes from the cache, or its encode (one per clip,
+        however many requests ask for it), which `iterate` caches once done.
 
-        The encode runs in chunks with carried state: the same codes as one whole encode, with the
-        activations of one chunk at a time (fp32, like the reference)."""
-        key, codes = self.reference_cache.lookup(samples)
+        At most ENCODES_IN_FLIGHT clips encode at once, the others wait their turn. The encode runs in chunks with carried
+        state: the same codes as one whole encode, with the activations of one chunk at a time
+        (fp32, like the reference)."""
+        key = clip.key
+        codes = self.reference_cache.cached_copy(key)
         if codes is not None:
             return codes
         if key not in self._encoding:
-            handle = self.reference_encoder.start(samples)
-            if handle.ready():  # encoded at once (on the CPU, or a clip too long for the graph)
-                return self.reference_cache.put(key, handle.result()).clone()
-            self._encoding[key] = handle
+            self._encoding[key] = ClipEncode(clip.samples)
+            self._start_next_encode()
+            encode = self._encoding[key]
+            if encode.ready() and encode.error is None:  # encoded at once (on the CPU, or a clip too long for the graph)
+                del self._encoding[key]
+                return self.reference_cache.put(key, encode.result()).clone()
         return self._encoding[key]
+
+    def _start_next_encode(self) -> None:
+        """Start the oldest waiting encodes while fewer than ENCODES_IN_FLIGHT run."""
+        running = sum(encode.started and not encode.ready() for encode in self._encoding.values())
+        waiting = [encode for encode in self._encoding.values() if not encode.started]
+        for encode in waiting[:max(ENCODES_IN_FLIGHT - running, 0)]:
+            encode.start(self.reference_encoder)
 
     def await_voice(self, run: "RequestRun") -> None:
         """`run` starts once its reference clips are encoded (see `_start_voiced`)."""
@@ -173,16 +226,17 @@ class Synthesizer:
         """Cache the codes of finished encodes and start the requests whose clips all are.
         idle=True (nothing else to step or decode): sleep a millisecond first when no encode has
         finished, rather than spin, or block the worker's queue on an encode."""
-        if idle and self._encoding and not any(handle.ready() for handle in self._encoding.values()):
+        if idle and self._encoding and not any(encode.ready() for encode in self._encoding.values()):
             time.sleep(ENCODE_POLL_S)
-        for key, handle in list(self._encoding.items()):
+        for key, encode in list(self._encoding.items()):
             try:
-                if handle.ready():
+                if encode.ready():
                     del self._encoding[key]
-                    self.reference_cache.put(key, handle.result())
-            except Exception:  # its requests fail as they read the handle (RequestRun.try_start)
+                    self.reference_cache.put(key, encode.result())
+            except Exception:  # its requests fail as they read it (RequestRun.try_start)
                 self._encoding.pop(key, None)
                 logger.exception("encoding a reference clip failed")
+        self._start_next_encode()
         waiting = []
         for run in self._awaiting_voice:
             try:
@@ -240,7 +294,7 @@ class RequestRun:
         self.fader: SeamFader | None = None
         self.prefix: torch.Tensor | None = None  # the voice's prompt columns (voice_prefix)
         self.prefix_key = ""
-        self._voice: list[tuple[str, torch.Tensor | EncodeHandle]] = []  # (transcript, codes) per reference
+        self._voice: list[tuple[str, torch.Tensor | ClipEncode]] = []  # (transcript, codes) per reference
         self._first_chunk_codes: list[torch.Tensor] = []
 
     @property
@@ -252,7 +306,7 @@ class RequestRun:
 
     def begin(self) -> None:
         self.job.mark("started")
-        self._voice = [(text, self.synth.voice_codes(samples)) for samples, text in self.request.references]
+        self._voice = [(clip.transcript, self.synth.voice_codes(clip)) for clip in self.request.references]
         if not self.try_start():
             self.synth.await_voice(self)
 
@@ -264,9 +318,9 @@ class RequestRun:
         if self.cancelled:
             self.job.finish()
             return True
-        if any(isinstance(codes, EncodeHandle) and not codes.ready() for _, codes in self._voice):
+        if any(isinstance(codes, ClipEncode) and not codes.ready() for _, codes in self._voice):
             return False
-        self._use_voice([(text, codes.result() if isinstance(codes, EncodeHandle) else codes)
+        self._use_voice([(text, codes.result() if isinstance(codes, ClipEncode) else codes)
                          for text, codes in self._voice])
         self.job.mark("voice_ready")
         self._queue_chunk(0)

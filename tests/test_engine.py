@@ -481,3 +481,45 @@ def test_a_request_waiting_for_its_voice_survives_a_failed_decode_step(fresh_eng
         eng.synthesize("Fails in the step.", params=FAST)
     released.set()  # nothing else arrives: the worker must still start the voiced request
     assert len(voiced.result(timeout=30).audio) > 0
+
+
+def _distinct_clips(speech, gains):
+    """The test speech at different gains: one clip each, with a cache key of its own."""
+    samples, rate = sf.read(speech.wav(), dtype="float32")
+    return [ReferenceInput((rate, samples * gain), "The quick brown fox.") for gain in gains]
+
+
+def test_new_voices_encode_a_few_at_a_time(fresh_engine, speech, monkeypatch):
+    from engine.synthesis import ENCODES_IN_FLIGHT
+
+    eng = fresh_engine
+    released, starts = hold_encodes(eng, monkeypatch)
+    gains = [1.0 - 0.1 * i for i in range(ENCODES_IN_FLIGHT + 2)]
+    refs = _distinct_clips(speech, gains)
+    voiced = [in_background(eng.synthesize, f"Voiced {i}.", references=[ref], params=FAST) for i, ref in enumerate(refs)]
+    wait_for(lambda: len(eng._synthesizer._encoding) == len(refs))  # all asked for
+    time.sleep(0.3)  # the worker polls the encodes meanwhile: more would start now if they could
+    assert len(starts) == ENCODES_IN_FLIGHT
+    released.set()
+    results = [f.result(timeout=120) for f in voiced]
+    assert len(starts) == len(refs) and all(len(r.audio) > 0 for r in results)
+    assert not eng._synthesizer._encoding and eng.reference_cache.stats()["misses"] == len(refs)
+
+
+def test_a_clip_whose_encode_cannot_start_fails_its_request_alone(fresh_engine, speech, monkeypatch):
+    eng = fresh_engine
+    encoder = eng._synthesizer.reference_encoder
+    real_start, calls = encoder.start, []
+    broken, fine = _distinct_clips(speech, (1.0, 0.5))
+
+    def start(samples):
+        calls.append(len(samples))
+        if len(calls) == 1:
+            raise RuntimeError("encoder out of order")
+        return real_start(samples)
+
+    monkeypatch.setattr(encoder, "start", start)
+    with pytest.raises(RuntimeError, match="encoder out of order"):
+        eng.synthesize("Broken voice.", references=[broken], params=FAST)
+    assert len(eng.synthesize("Fine voice.", references=[fine], params=FAST).audio) > 0
+    assert not eng._synthesizer._encoding
