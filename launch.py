@@ -16,6 +16,7 @@ import argparse
 import os
 import socket
 import sys
+import threading
 from dataclasses import dataclass
 
 # Before Gradio is imported: no analytics calls, so the app starts with no network at all.
@@ -254,6 +255,29 @@ def main(argv=None) -> int:
     return serve(config, plan)
 
 
+def freeze_heap_once_captured(engine, poll_s: float = 1.0) -> threading.Thread:
+    """Once the engine has captured every batch graph, move the heap (modules, compiled code,
+    graphs: millions of objects that live as long as the server) out of the garbage collector's
+    reach. Its full passes scanned them all while holding the GIL: 0.2-0.4 s pauses of every thread,
+    the GPU worker's included, during 64-stream bursts on an H100 (docs/PERFORMANCE.md). vLLM's
+    engine does the same. Objects made later are collected as usual."""
+    import gc
+    import time
+
+    from loguru import logger
+
+    def wait_then_freeze():
+        while engine.capturing:
+            time.sleep(poll_s)
+        gc.collect()
+        gc.freeze()
+        logger.info("{} start-up objects moved out of the garbage collector's passes", gc.get_freeze_count())
+
+    thread = threading.Thread(target=wait_then_freeze, name="s1-heap-freeze", daemon=True)
+    thread.start()
+    return thread
+
+
 def serve(config, plan: ServerPlan) -> int:
     import time
 
@@ -285,6 +309,7 @@ def serve(config, plan: ServerPlan) -> int:
     except S1Error as e:
         logger.error("could not start the engine: {}", e)
         return 2
+    freeze_heap_once_captured(engine)
     stats = engine.stats()
     logger.info(
         "model ready in {:.1f} s: {} on {} ({}), compile: {}", time.perf_counter() - started,

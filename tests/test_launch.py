@@ -240,3 +240,23 @@ def test_api_only_server_runs_without_gradio_installed(tmp_path):
         root = httpx.get(server.url + "/", follow_redirects=False)
         assert root.status_code in (302, 307) and root.headers["location"].endswith("/docs")
         assert "gradio is blocked" not in server.log_tail()
+
+
+def test_the_heap_is_frozen_only_once_every_batch_graph_is_captured():
+    import gc
+    import time
+
+    class Engine:
+        capturing = True
+
+    engine = Engine()
+    try:
+        gc.unfreeze()
+        thread = launch.freeze_heap_once_captured(engine, poll_s=0.01)
+        time.sleep(0.1)
+        assert thread.is_alive() and gc.get_freeze_count() == 0  # still capturing: nothing frozen yet
+        engine.capturing = False
+        thread.join(timeout=10)
+        assert not thread.is_alive() and gc.get_freeze_count() > 0
+    finally:
+        gc.unfreeze()
