@@ -44,9 +44,11 @@ GRAPHED_REFERENCE_FRAMES = 2048
 # Reference clips encoding on the GPU at once: a 10 s clip is ~50 ms of GPU work and a few hundred
 # graph launches; a burst of new voices queued at once filled the GPU's command buffer, after which
 # every launch, the decode steps' too, waited ~50 ms per clip for the encodes to drain (H100:
-# docs/PERFORMANCE.md). One at a time left the encoder idle between clips (the next started only when
-# the worker saw the last one finish); two keep it busy.
-ENCODES_IN_FLIGHT = 2
+# docs/PERFORMANCE.md). One at a time leaves the encoder idle between clips (the next starts when the
+# worker sees the last one finish), but two at once took more of the GPU from the running streams:
+# over HTTP on an H100, 27 of 64 and 55 of 128 listeners ran dry (by up to 0.06 s) in the bursts with
+# new voices, none with one (which gave 5-9% less audio per second in those bursts).
+ENCODES_IN_FLIGHT = 1
 ENCODE_POLL_S = 0.001  # how often an otherwise idle worker checks whether an encode has finished
 
 
