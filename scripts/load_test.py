@@ -3,6 +3,10 @@
 
     python launch.py --random-weights &                  # or a real checkpoint
     python scripts/load_test.py --url http://127.0.0.1:7860 --levels 1,4,16,64 --json out/load.json --html out/load.html
+    python scripts/load_test.py --in-process --weights random --levels 64     # the same requests, no HTTP
+
+--in-process sends the same requests straight to an engine started in this process (parsed by the
+API's own request model, then TTSEngine.synthesize_stream), to tell the HTTP layer's cost apart.
 
 At each level, that many clients at once each send --requests-per-client streaming requests (raw
 PCM) back to back. Texts are unique; a third of the requests use one of two saved voices (shared:
@@ -28,6 +32,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchmark import environment, level_summary, stream_record, write_reports  # noqa: E402
+from weight_options import add_weight_options, settle_weights, weight_config  # noqa: E402
 
 TEXT = "The quick brown fox jumps over the lazy dog, and then it runs away into the forest."
 SHARED_VOICES = ("loadtest-voice-a", "loadtest-voice-b")
@@ -83,19 +88,74 @@ def encoded_body(n: int, args) -> bytes:
     return json.dumps(request_body(n, args)).encode()
 
 
-def one_request(client, n: int, body: bytes) -> dict:
+class RequestFailed(Exception):
+    def __init__(self, status: int | None, message: str):
+        super().__init__(message)
+        self.status, self.message = status, message
+
+
+class ServerTarget:
+    """The running server, over HTTP."""
+
+    def __init__(self, client):
+        self.client = client
+
+    def add_voice(self, voice: str, clip: bytes, transcript: str) -> None:
+        self.client.delete("/v1/references/delete", params={"reference_id": voice})  # a rerun starts clean
+        response = self.client.post("/v1/references/add", data={"id": voice, "text": transcript},
+                                    files={"audio": (f"{voice}.wav", clip, "audio/wav")})
+        if response.status_code != 200:
+            raise SystemExit(f"could not save voice {voice}: {response.status_code} {response.text[:300]}")
+
+    def stream(self, body: bytes):
+        """Seconds of audio in each read of the streamed answer."""
+        with self.client.stream("POST", "/v1/tts", content=body, headers={"Content-Type": "application/json"}) as response:
+            if response.status_code != 200:
+                raise RequestFailed(response.status_code, response.read().decode(errors="replace")[:200])
+            rate = int(response.headers.get("x-sample-rate", 44100))
+            for piece in response.iter_bytes():
+                if piece:
+                    yield len(piece) / 2 / rate
+
+
+class EngineTarget:
+    """An engine in this process: the body read as the server reads it, then streamed."""
+
+    def __init__(self, engine):
+        self.engine = engine
+
+    def add_voice(self, voice: str, clip: bytes, transcript: str) -> None:
+        if self.engine.voices.exists(voice):
+            self.engine.voices.delete(voice)
+        self.engine.voices.add(voice, clip, transcript)
+
+    def stream(self, body: bytes):
+        from app.api_schema import TTSRequest
+        from app.body import validate
+        from app.errors import problem_for
+        from engine.facade import ReferenceInput
+
+        try:
+            request = validate(TTSRequest, json.loads(body))  # as the server reads a JSON body
+            references = [ReferenceInput(r.audio, r.text) for r in request.references]
+            for chunk in self.engine.synthesize_stream(request.text, references=references, params=request.sampling_params(),
+                                                       voice=request.reference_id or None):
+                if len(chunk):
+                    yield len(chunk) / self.engine.sample_rate
+        except Exception as exc:  # the status the API would have answered
+            problem = problem_for(exc)
+            raise RequestFailed(problem.status, problem.message) from exc
+
+
+def one_request(target, n: int, body: bytes) -> dict:
     """body: encoded_body(n, ...), made before the clock starts (a client has its clip ready; made
     here, 64 threads synthesising and encoding 1.2 MB clips at once delayed their own requests)."""
     started, arrivals = time.perf_counter(), []
     try:
-        with client.stream("POST", "/v1/tts", content=body, headers={"Content-Type": "application/json"}) as response:
-            if response.status_code != 200:
-                message = response.read().decode(errors="replace")[:200]
-                return {"n": n, "status": response.status_code, "error": message}
-            rate = int(response.headers.get("x-sample-rate", 44100))
-            for piece in response.iter_bytes():
-                if piece:
-                    arrivals.append((time.perf_counter(), len(piece) / 2 / rate))
+        for seconds in target.stream(body):
+            arrivals.append((time.perf_counter(), seconds))
+    except RequestFailed as exc:
+        return {"n": n, "status": exc.status, "error": exc.message}
     except Exception as exc:  # a broken connection is a result of the test, not a crash of it
         return {"n": n, "status": None, "error": repr(exc)}
     # Each read's arrival (s after the request) and audio (s): where a listener would have waited.
@@ -103,13 +163,13 @@ def one_request(client, n: int, body: bytes) -> dict:
     return {"n": n, "status": 200, **stream_record(started, arrivals), "arrivals": timeline}
 
 
-def run_level(client, clients: int, args, offset: int) -> dict:
+def run_level(target, clients: int, args, offset: int) -> dict:
     numbers = [[offset + index * args.requests_per_client + r for r in range(args.requests_per_client)]
                for index in range(clients)]
     bodies = {n: encoded_body(n, args) for ns in numbers for n in ns}
 
     def client_loop(index):
-        return [one_request(client, n, bodies[n]) for n in numbers[index]]
+        return [one_request(target, n, bodies[n]) for n in numbers[index]]
 
     started = time.perf_counter()
     with ThreadPoolExecutor(clients) as pool:
@@ -124,14 +184,9 @@ def run_level(client, clients: int, args, offset: int) -> dict:
             "records": records}
 
 
-def add_shared_voices(client, args) -> None:
+def add_shared_voices(target, args) -> None:
     for i, voice in enumerate(SHARED_VOICES):
-        client.delete("/v1/references/delete", params={"reference_id": voice})  # a rerun starts clean
-        files = {"audio": (f"{voice}.wav", shared_voice_clip(i, args.reference_seconds), "audio/wav")}
-        response = client.post("/v1/references/add", data={"id": voice, "text": SHARED_TRANSCRIPT},
-                               files=files)
-        if response.status_code != 200:
-            raise SystemExit(f"could not save voice {voice}: {response.status_code} {response.text[:300]}")
+        target.add_voice(voice, shared_voice_clip(i, args.reference_seconds), SHARED_TRANSCRIPT)
 
 
 def write_html(path: Path, report: dict) -> None:
@@ -200,6 +255,10 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--url", default="http://127.0.0.1:7860")
     p.add_argument("--api-key", help="bearer token, when the server was started with one")
+    p.add_argument("--in-process", action="store_true",
+                   help="no server: start an engine here (--weights, --checkpoint, --cache-dir) and send it the requests")
+    add_weight_options(p, demo=True)
+    p.add_argument("--cache-dir", help="with --in-process: the engine's cache dir (default: the engine's)")
     p.add_argument("--levels", default="1,4,16,64")
     p.add_argument("--requests-per-client", type=int, default=2)
     p.add_argument("--max-new-tokens", type=int, default=215, help="frames per request at most (~10 s)")
@@ -207,9 +266,21 @@ def main(argv=None) -> int:
     p.add_argument("--json", type=Path)
     p.add_argument("--html", type=Path)
     args = p.parse_args(argv)
+    if not args.in_process and (args.weights or args.checkpoint or args.cache_dir):
+        p.error("--weights, --checkpoint and --cache-dir set up the engine of --in-process; a server has its own")
+    levels = [int(x) for x in args.levels.split(",") if x.strip()]
+    if args.in_process:
+        results = run_in_process(settle_weights(p, args), levels)
+    else:
+        results = run_against_server(args, levels)
+    report = {"environment": environment(), "url": "in-process" if args.in_process else args.url, "levels": results}
+    write_reports(report, args.json, args.html, write_html)
+    return 0
+
+
+def run_against_server(args, levels: list[int]) -> list[dict]:
     import httpx
 
-    levels = [int(x) for x in args.levels.split(",") if x.strip()]
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
     limits = httpx.Limits(max_connections=max(levels) + 4)
     with httpx.Client(base_url=args.url, headers=headers, timeout=600, limits=limits) as client:
@@ -217,27 +288,46 @@ def main(argv=None) -> int:
         if ready.status_code != 200:
             raise SystemExit(f"{args.url} is not ready ({ready.status_code}); start the server first")
         wait_for_all_slots(client)
-        add_shared_voices(client, args)
-        # Warm: one request of each kind, both saved voices encoded once, as a running server would have.
-        # Their numbers are not used again: every measured request has its own text and clip.
-        for n in range(WARM_REQUESTS):
-            warm = one_request(client, n, encoded_body(n, args))
-            if warm["status"] != 200:
-                raise SystemExit(f"the warm-up request failed: {warm}")
-        results, offset = [], WARM_REQUESTS
-        for clients in levels:
-            results.append(run_level(client, clients, args, offset))
-            offset += clients * args.requests_per_client
-            s = results[-1]
-            print(f"{clients:>4} streams: {s['audio_s_per_s']:7.1f} audio-s/s  TTFA p50 {s.get('ttfa_ms_p50', 0):6.0f} ms "
-                  f"p95 {s.get('ttfa_ms_p95', 0):6.0f} ms  RTF p50 {s.get('rtf_p50', 0):.3f} max "
-                  f"{s.get('rtf_max', 0):.3f}  underruns {s.get('streams_with_underrun', 0)}  errors {s['errors']} "
-                  f"(rejected {s['rejected']})")
-            print("      TTFA p50 by voice: " + ", ".join(f"{kind} {summary['ttfa_ms_p50']:.0f} ms"
-                                                        for kind, summary in s["by_voice"].items() if summary))
-    report = {"environment": environment(), "url": args.url, "levels": results}
-    write_reports(report, args.json, args.html, write_html)
-    return 0
+        return run_levels(ServerTarget(client), args, levels)
+
+
+def run_in_process(args, levels: list[int]) -> list[dict]:
+    import tempfile
+
+    from engine.config import EngineConfig
+    from engine.facade import TTSEngine
+
+    with tempfile.TemporaryDirectory(prefix="s1-load-test-voices-") as voices:  # not the user's saved voices
+        engine = TTSEngine.from_config(EngineConfig(**weight_config(args.weights, args.checkpoint),
+                                                    cache_dir=args.cache_dir, voices_dir=voices))
+        try:
+            engine.warmup()
+            engine.capture_all()  # as the server is measured: once every batch graph is captured
+            return run_levels(EngineTarget(engine), args, levels)
+        finally:
+            engine.close()
+
+
+def run_levels(target, args, levels: list[int]) -> list[dict]:
+    add_shared_voices(target, args)
+    # Warm: one request of each kind, both saved voices encoded once, as a running server would have.
+    # Their numbers are not used again: every measured request has its own text and clip.
+    for n in range(WARM_REQUESTS):
+        warm = one_request(target, n, encoded_body(n, args))
+        if warm["status"] != 200:
+            raise SystemExit(f"the warm-up request failed: {warm}")
+    results, offset = [], WARM_REQUESTS
+    for clients in levels:
+        results.append(run_level(target, clients, args, offset))
+        offset += clients * args.requests_per_client
+        s = results[-1]
+        print(f"{clients:>4} streams: {s['audio_s_per_s']:7.1f} audio-s/s  TTFA p50 {s.get('ttfa_ms_p50', 0):6.0f} ms "
+              f"p95 {s.get('ttfa_ms_p95', 0):6.0f} ms  RTF p50 {s.get('rtf_p50', 0):.3f} max "
+              f"{s.get('rtf_max', 0):.3f}  underruns {s.get('streams_with_underrun', 0)}  errors {s['errors']} "
+              f"(rejected {s['rejected']})")
+        print("      TTFA p50 by voice: " + ", ".join(f"{kind} {summary['ttfa_ms_p50']:.0f} ms"
+                                                    for kind, summary in s["by_voice"].items() if summary))
+    return results
 
 
 if __name__ == "__main__":

@@ -18,7 +18,11 @@ def add_weight_options(parser: argparse.ArgumentParser, *, demo: bool = False) -
 def parse_with_weights(parser: argparse.ArgumentParser, argv=None) -> argparse.Namespace:
     """parse_args, then settle --weights: --checkpoint alone means the real weights, and a
     checkpoint beside --weights random or demo is refused rather than silently not loaded."""
-    args = parser.parse_args(argv)
+    return settle_weights(parser, parser.parse_args(argv))
+
+
+def settle_weights(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.Namespace:
+    """The settling step of parse_with_weights, for scripts that load weights only in some modes."""
     if args.weights is None:
         args.weights = "real" if args.checkpoint else "random"
     elif args.checkpoint and args.weights != "real":

@@ -41,6 +41,39 @@ def test_load_test_drives_the_server_and_reports_each_level(tmp_path):
     assert "<img" in html and "TTFA p50 ms, inline clip" in html
 
 
+def test_load_test_in_process_sends_the_same_requests_to_an_engine_here(tmp_path):
+    out = tmp_path / "in-process.json"
+    assert load_test.main(["--in-process", "--weights", "demo", "--cache-dir", str(tmp_path / "cache"),
+                           "--levels", "3", "--requests-per-client", "1", "--max-new-tokens", "8",
+                           "--reference-seconds", "1", "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["url"] == "in-process"
+    (level,) = report["levels"]
+    assert level["errors"] == 0 and level["ok"] == level["requests"] == 3
+    assert {load_test.voice_kind(r["n"]) for r in level["records"]} == set(load_test.VOICE_KINDS)
+    for record in level["records"]:
+        assert record["arrivals"] and abs(sum(s for _, s in record["arrivals"]) - record["audio_s"]) < 1e-3
+
+
+def test_engine_options_without_in_process_are_refused():
+    import pytest
+
+    with pytest.raises(SystemExit) as refused:
+        load_test.main(["--weights", "demo", "--levels", "1"])
+    assert refused.value.code == 2
+
+
+def test_an_in_process_request_the_api_would_refuse_gets_the_api_s_status():
+    class Engine:
+        sample_rate = 44100
+
+        def synthesize_stream(self, *args, **kwargs):
+            raise AssertionError("the request should have been refused before the engine")
+
+    record = load_test.one_request(load_test.EngineTarget(Engine()), 7, b'{"text": "hi", "temperature": 5}')
+    assert record["status"] == 422 and "temperature" in record["error"]
+
+
 class _Args:
     max_new_tokens = 8
     reference_seconds = 1.0
