@@ -1,0 +1,134 @@
+#!/usr/bin/env python
+"""Where the GPU worker's wall time goes, call by call: run a script with the worker's parts and
+Python's garbage collector timed, and write every span as JSON; or summarise such a file.
+
+    python scripts/trace_worker.py --out trace.json launch.py --random-weights --no-ui   # load it, then Ctrl+C
+    python scripts/trace_worker.py --out trace.json scripts/load_test.py --in-process --levels 64
+    python scripts/trace_worker.py --summary trace.json
+
+Each span is [name, thread, start s, end s, before, after] (seconds from the script's start; before
+and after: what the part saw, e.g. admission's (running, waiting, deferred steps), a step's batch,
+a garbage collection's generation and objects collected). The file is written when the script
+exits, Ctrl+C included. A few microseconds per timed call: compare traced runs with traced runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import gc
+import json
+import os
+import runpy
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# (module, class, method, span name, what to record before and after the call)
+TIMED = [
+    ("engine.runtime.worker", "GPUWorker", "submit", "job_submit", None),
+    ("engine.runtime.worker", "GPUWorker", "_run", "job_run", None),
+    ("engine.synthesis", "Synthesizer", "iterate", "iterate",
+     lambda s, a: (s.scheduler.running, s.scheduler.waiting)),
+    ("engine.runtime.scheduler", "Scheduler", "_admit", "admit",
+     lambda s, a: (len(s._running), len(s._waiting), s._deferred)),
+    ("engine.runtime.scheduler", "Scheduler", "_step", "step", lambda s, a: len(s._running)),
+    ("engine.runtime.scheduler", "_Snapshot", "wait", "frame_counts_wait", None),
+    ("engine.runtime.step_runner", "StepRunner", "prefill_many", "prefill_many", lambda s, a: len(a[0])),
+    ("engine.runtime.step_runner", "StepRunner", "prefill", "prefill", None),
+    ("engine.runtime.prefix_cache", "PrefixCache", "load", "prefix_load", None),
+    ("engine.runtime.codec_runner", "CodecRunner", "submit", "codec_submit", lambda s, a: len(a[0])),
+    ("engine.runtime.codec_runner", "CodecRunner", "completed", "codec_completed", None),
+    ("engine.facade", "TTSEngine", "_prepare", "request_prepare", None),
+    ("engine.synthesis", "RequestRun", "deliver", "deliver", lambda s, a: a[1]),
+]
+
+
+class Recorder:
+    def __init__(self):
+        self.origin = time.perf_counter()
+        self.spans: list[list] = []
+        self._gc_started: float | None = None
+
+    def add(self, name: str, started: float, before=None, after=None) -> None:
+        self.spans.append([name, threading.current_thread().name, round(started - self.origin, 6),
+                           round(time.perf_counter() - self.origin, 6), before, after])
+
+    def time_method(self, owner: type, method: str, name: str, observe) -> None:
+        original = getattr(owner, method)
+
+        def timed(obj, *args, **kwargs):
+            started = time.perf_counter()
+            before = observe(obj, args) if observe else None
+            try:
+                return original(obj, *args, **kwargs)
+            finally:
+                self.add(name, started, before, observe(obj, args) if observe else None)
+
+        setattr(owner, method, timed)
+
+    def on_gc(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._gc_started = time.perf_counter()
+        elif self._gc_started is not None:
+            self.add("gc", self._gc_started, info.get("generation"), info.get("collected"))
+
+    def install(self) -> None:
+        import importlib
+
+        for module, cls, method, name, observe in TIMED:
+            self.time_method(getattr(importlib.import_module(module), cls), method, name, observe)
+        gc.callbacks.append(self.on_gc)
+
+    def write(self, path: Path) -> None:
+        path.write_text(json.dumps(self.spans))
+        print(f"trace: {len(self.spans)} spans written to {path}", file=sys.stderr)
+
+
+def summarise(spans: list[list]) -> str:
+    lines = []
+    collections = [s for s in spans if s[0] == "gc"]
+    for generation in sorted({s[4] for s in collections}):
+        ms = [(s[3] - s[2]) * 1000 for s in collections if s[4] == generation]
+        lines.append(f"gc generation {generation}: {len(ms)} collections, {sum(ms):.1f} ms in all, longest {max(ms):.1f} ms")
+    lines.append(f"{'span':20s} {'calls':>7s} {'p50 ms':>8s} {'p99 ms':>8s} {'max ms':>9s} {'total s':>8s}")
+    for name in sorted({s[0] for s in spans} - {"gc"}):
+        ms = sorted((s[3] - s[2]) * 1000 for s in spans if s[0] == name)
+        lines.append(f"{name:20s} {len(ms):7d} {statistics.median(ms):8.2f} {ms[int(0.99 * (len(ms) - 1))]:8.2f} "
+                     f"{ms[-1]:9.1f} {sum(ms) / 1000:8.2f}")
+    busy = sorted((s for s in spans if s[0] == "iterate" and s[4] and s[4][0]), key=lambda s: s[2] - s[3])[:5]
+    if busy:  # sequences were running: every other stream waited this long for its next frame
+        lines.append("longest iterations while sequences ran (ms, running, waiting): " + ", ".join(
+            f"{(s[3] - s[2]) * 1000:.0f} at {s[2]:.2f} s ({s[4][0]}, {s[4][1]})" for s in busy))
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", type=Path, help="write the spans here, running the script that follows")
+    p.add_argument("--summary", type=Path, help="print a summary of a trace file written before")
+    p.add_argument("script", nargs="?", help="the Python script to run (e.g. launch.py), then its arguments")
+    p.add_argument("script_args", nargs=argparse.REMAINDER)
+    args = p.parse_args(argv)
+    if args.summary:
+        print(summarise(json.loads(args.summary.read_text())))
+        return 0
+    if not (args.out and args.script):
+        p.error("give --out FILE and a script to run (or --summary FILE)")
+    sys.path.insert(0, str(ROOT))
+    recorder = Recorder()
+    recorder.install()
+    atexit.register(recorder.write, args.out)
+    script = os.path.abspath(args.script)
+    sys.argv = [script, *args.script_args]
+    sys.path.insert(0, os.path.dirname(script))
+    runpy.run_path(script, run_name="__main__")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

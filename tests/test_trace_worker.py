@@ -1,0 +1,31 @@
+"""scripts/trace_worker.py: a script run under it leaves the GPU worker's spans and a summary of them."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_an_in_process_load_test_under_the_tracer_leaves_its_worker_spans(tmp_path):
+    trace = tmp_path / "trace.json"
+    run = subprocess.run(
+        [sys.executable, "scripts/trace_worker.py", "--out", str(trace), "scripts/load_test.py", "--in-process",
+         "--weights", "demo", "--cache-dir", str(tmp_path / "cache"), "--levels", "2", "--requests-per-client", "1",
+         "--max-new-tokens", "8", "--reference-seconds", "1"],
+        cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    spans = json.loads(trace.read_text())
+    names = {span[0] for span in spans}
+    assert {"job_submit", "job_run", "iterate", "admit", "step", "prefill_many", "codec_submit", "deliver"} <= names
+    for name, thread, start, end, _, _ in spans:
+        assert 0 <= start <= end
+        if name in ("iterate", "step", "admit"):
+            assert thread == "s1-gpu-worker"
+    # the engine's warm-up request, the load test's 4 warm-up ones and the level's 2, each prepared once
+    assert sum(span[0] == "request_prepare" for span in spans) == 1 + 4 + 2
+    assert any(span[0] == "gc" for span in spans)
+    summary = subprocess.run([sys.executable, "scripts/trace_worker.py", "--summary", str(trace)],
+                             cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert summary.returncode == 0 and "iterate" in summary.stdout and "longest iterations while sequences ran" in summary.stdout
