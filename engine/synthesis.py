@@ -238,7 +238,6 @@ class Synthesizer:
             except Exception:  # its requests fail as they read it (RequestRun.try_start)
                 self._encoding.pop(key, None)
                 logger.exception("encoding a reference clip failed")
-        self._start_next_encode()
         waiting = []
         for run in self._awaiting_voice:
             try:
@@ -247,6 +246,12 @@ class Synthesizer:
             except Exception as exc:  # a failed encode, or its prompt is too long: that request alone fails
                 run.fail(exc)
         self._awaiting_voice = waiting
+        # A clip still waiting for its turn whose requests have all gone (cancelled) is not encoded.
+        wanted = {id(encode) for run in waiting for encode in run.encodes}
+        for key, encode in list(self._encoding.items()):
+            if not encode.started and id(encode) not in wanted:
+                del self._encoding[key]
+        self._start_next_encode()
 
     def start(self, request: PreparedRequest, job: Job) -> None:
         """On the worker thread: resolve the voice (starting the encodes of new clips) and queue the
@@ -312,6 +317,11 @@ class RequestRun:
         if not self.try_start():
             self.synth.await_voice(self)
 
+    @property
+    def encodes(self) -> list[ClipEncode]:
+        """The encodes of this request's clips that were not cached when it began."""
+        return [codes for _, codes in self._voice if isinstance(codes, ClipEncode)]
+
     def try_start(self) -> bool:
         """Queue the first text chunk once every reference clip's codes are there; False while a
         clip is still being encoded."""
@@ -320,7 +330,7 @@ class RequestRun:
         if self.cancelled:
             self.job.finish()
             return True
-        if any(isinstance(codes, ClipEncode) and not codes.ready() for _, codes in self._voice):
+        if not all(encode.ready() for encode in self.encodes):
             return False
         self._use_voice([(text, codes.result() if isinstance(codes, ClipEncode) else codes)
                          for text, codes in self._voice])

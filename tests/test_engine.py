@@ -19,6 +19,7 @@ from engine.config import EngineConfig
 from engine.errors import CheckpointError, DeviceError, InputError, VoiceNotFoundError
 from engine.facade import ReferenceInput, TTSEngine
 from engine.params import SamplingParams
+from engine.runtime.reference_encoder import EncodeHandle
 
 ROOT = Path(__file__).resolve().parent.parent
 FAST = SamplingParams(max_new_tokens=12, seed=7)
@@ -388,8 +389,6 @@ class HeldEncode:
 def hold_encodes(eng, monkeypatch):
     """Reference encodes give their real codes only once the returned event is set; returns
     (that event, the sample count of each encode started)."""
-    from engine.runtime.reference_encoder import EncodeHandle
-
     encoder = eng._synthesizer.reference_encoder
     real_start, released, starts = encoder.start, threading.Event(), []
 
@@ -506,20 +505,50 @@ def test_new_voices_encode_a_few_at_a_time(fresh_engine, speech, monkeypatch):
     assert not eng._synthesizer._encoding and eng.reference_cache.stats()["misses"] == len(refs)
 
 
-def test_a_clip_whose_encode_cannot_start_fails_its_request_alone(fresh_engine, speech, monkeypatch):
-    eng = fresh_engine
+def _encodes_held_and_counted(eng, monkeypatch, fail_on: int = 0):
+    """Encodes finish once the returned event is set; start number `fail_on` (1-based) raises."""
     encoder = eng._synthesizer.reference_encoder
-    real_start, calls = encoder.start, []
-    broken, fine = _distinct_clips(speech, (1.0, 0.5))
+    real_start, released, starts = encoder.start, threading.Event(), []
 
     def start(samples):
-        calls.append(len(samples))
-        if len(calls) == 1:
+        starts.append(len(samples))
+        if len(starts) == fail_on:
             raise RuntimeError("encoder out of order")
-        return real_start(samples)
+        return EncodeHandle(real_start(samples).result(), HeldEncode(released))
 
     monkeypatch.setattr(encoder, "start", start)
-    with pytest.raises(RuntimeError, match="encoder out of order"):
-        eng.synthesize("Broken voice.", references=[broken], params=FAST)
-    assert len(eng.synthesize("Fine voice.", references=[fine], params=FAST).audio) > 0
-    assert not eng._synthesizer._encoding
+    return released, starts
+
+
+def test_a_clip_whose_encode_fails_to_start_after_waiting_fails_only_its_requests(fresh_engine, speech, monkeypatch):
+    eng, synth = fresh_engine, fresh_engine._synthesizer
+    released, starts = _encodes_held_and_counted(eng, monkeypatch, fail_on=2)
+    first, second = _distinct_clips(speech, (1.0, 0.5))
+    ok = in_background(eng.synthesize, "First voice.", references=[first], params=FAST)
+    wait_for(lambda: len(starts) == 1)
+    doomed = [in_background(eng.synthesize, f"Second voice {i}.", references=[second], params=FAST) for i in range(2)]
+    wait_for(lambda: len(synth._encoding) == 2 and len(synth._awaiting_voice) == 3)  # the second clip waits its turn
+    released.set()  # the first encode finishes; the second one's start then fails
+    assert len(ok.result(timeout=120).audio) > 0
+    for future in doomed:
+        with pytest.raises(RuntimeError, match="encoder out of order"):
+            future.result(timeout=120)
+    wait_for(lambda: not synth._encoding and not synth._awaiting_voice)
+    assert len(eng.synthesize("Second voice again.", references=[second], params=FAST).audio) > 0  # not stuck
+
+
+def test_a_queued_clip_whose_requests_all_went_away_is_not_encoded(fresh_engine, speech, monkeypatch):
+    eng, synth = fresh_engine, fresh_engine._synthesizer
+    released, starts = _encodes_held_and_counted(eng, monkeypatch)
+    first, second = _distinct_clips(speech, (1.0, 0.5))
+    ok = in_background(eng.synthesize, "First voice.", references=[first], params=FAST)
+    wait_for(lambda: len(starts) == 1)
+    stream = eng.synthesize_stream("Second voice.", references=[second], params=FAST)
+    reader = in_background(next, stream, None)
+    wait_for(lambda: len(synth._awaiting_voice) == 2)
+    next(run for run in synth._awaiting_voice if run.request.chunks == ["Second voice."]).job.cancel()
+    wait_for(lambda: len(synth._awaiting_voice) == 1 and len(synth._encoding) == 1)
+    released.set()
+    assert len(ok.result(timeout=120).audio) > 0 and reader.result(timeout=60) is None
+    wait_for(lambda: not synth._encoding)
+    assert len(starts) == 1  # the second clip was never encoded
