@@ -256,18 +256,20 @@ def main(argv=None) -> int:
 
 
 def freeze_heap_once_captured(engine, poll_s: float = 1.0) -> threading.Thread:
-    """Once the engine has captured every batch graph, move the heap (modules, compiled code,
-    graphs: millions of objects that live as long as the server) out of the garbage collector's
-    reach. Its full passes scanned them all while holding the GIL: 0.2-0.4 s pauses of every thread,
-    the GPU worker's included, during 64-stream bursts on an H100 (docs/PERFORMANCE.md). vLLM's
-    engine does the same. Objects made later are collected as usual."""
+    """Once the engine has captured every batch graph and has no request in flight, move the heap
+    (modules, compiled code, graphs: millions of objects that live as long as the server) out of the
+    garbage collector's reach. Its full passes scanned them all while holding the GIL: 0.2-0.4 s
+    pauses of every thread, the GPU worker's included, during 64-stream bursts on an H100
+    (docs/PERFORMANCE.md). vLLM's engine does the same. Waiting for no request in flight keeps the
+    last full pass (the collect before the freeze) out of a burst, and requests' objects out of the
+    frozen heap. Objects made later are collected as usual."""
     import gc
     import time
 
     from loguru import logger
 
     def wait_then_freeze():
-        while engine.capturing:
+        while engine.capturing or engine.in_flight:
             time.sleep(poll_s)
         gc.collect()
         gc.freeze()

@@ -192,6 +192,11 @@ class TTSEngine:
         return min(self._synthesizer.runner.ready_slots, self.slots)
 
     @property
+    def in_flight(self) -> int:
+        """Requests (and set-up calls) accepted and not finished."""
+        return self._worker.in_flight
+
+    @property
     def capturing(self) -> bool:
         """Larger batches' graphs are still to be captured (False once all are, or after a failed capture)."""
         return bool(self._synthesizer.runner.pending_batches)

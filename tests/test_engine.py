@@ -207,7 +207,7 @@ def test_voice_clone_and_saved_voice(engine, speech):
     engine.synthesize("Cloned again.", references=[ref], params=FAST)
     again = engine.reference_cache.stats()
     assert again["misses"] == after["misses"] and again["memory_hits"] == after["memory_hits"] + 1
-    assert not engine._synthesizer._encoding
+    assert not engine._synthesizer._encoding and engine.in_flight == 0
 
     engine.voices.add("fox", speech.variant("flac"), transcript)
     saved = engine.synthesize("Saved voice.", voice="fox", params=FAST)

@@ -242,12 +242,13 @@ def test_api_only_server_runs_without_gradio_installed(tmp_path):
         assert "gradio is blocked" not in server.log_tail()
 
 
-def test_the_heap_is_frozen_only_once_every_batch_graph_is_captured():
+def test_the_heap_is_frozen_only_once_every_batch_graph_is_captured_and_no_request_runs():
     import gc
     import time
 
     class Engine:
         capturing = True
+        in_flight = 3
 
     engine = Engine()
     try:
@@ -256,6 +257,9 @@ def test_the_heap_is_frozen_only_once_every_batch_graph_is_captured():
         time.sleep(0.1)
         assert thread.is_alive() and gc.get_freeze_count() == 0  # still capturing: nothing frozen yet
         engine.capturing = False
+        time.sleep(0.1)
+        assert thread.is_alive() and gc.get_freeze_count() == 0  # requests in flight: not yet either
+        engine.in_flight = 0
         thread.join(timeout=10)
         assert not thread.is_alive() and gc.get_freeze_count() > 0
     finally:
