@@ -2,7 +2,7 @@
 """How long the GPU worker's host-side work takes while the web server parses request bodies in
 the same process (CPU only; no GPU, no server).
 
-    python scripts/gil_convoy.py [--ops 600] [--intervals 5,0.5,0.1,0.05] [--json out.json]
+    python scripts/gil_convoy.py [--ops 600] [--intervals 5,0.5,0.1,0.05] [--parser full|json|base64] [--json out.json]
 
 The worker makes many short calls that release Python's GIL (each torch operation does; a
 single-row prefill makes several hundred), the "parser" thread parses the load test's request bodies
@@ -15,6 +15,7 @@ interval: the worker's calls alone and beside the parser, and the parser's bodie
 from __future__ import annotations
 
 import argparse
+import base64
 import json
 import sys
 import threading
@@ -31,6 +32,9 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--ops", type=int, default=600, help="GIL-releasing calls per worker run (a prefill's order)")
     p.add_argument("--intervals", default="5,0.5,0.1,0.05", help="switch intervals to try, in ms")
+    p.add_argument("--parser", choices=["full", "json", "base64"], default="full",
+                   help="what the parser thread does: the server's whole parse, json.loads alone, or the "
+                        "inline clip's base64 decoding alone")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--json", type=Path)
     args = p.parse_args(argv)
@@ -53,10 +57,15 @@ def main(argv=None) -> int:
             torch.add(tensor, 1)
         return (time.perf_counter() - started) * 1000
 
+    clip = json.loads(bodies[1])["references"][0]["audio"]
+    parse_one = {"full": lambda body: validate(TTSRequest, json.loads(body)),
+                 "json": json.loads,
+                 "base64": lambda body: base64.b64decode(clip, validate=True)}[args.parser]
+
     def parse_until(stop: threading.Event, parsed: list[int]) -> None:
         while not stop.is_set():
             for body in bodies:
-                validate(TTSRequest, json.loads(body))
+                parse_one(body)
                 parsed[0] += 1
 
     def parser_beside(fn) -> tuple[object, float]:
@@ -88,7 +97,7 @@ def main(argv=None) -> int:
         sys.setswitchinterval(previous)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({"ops": args.ops, "rows": rows}, indent=2))
+        args.json.write_text(json.dumps({"ops": args.ops, "parser": args.parser, "rows": rows}, indent=2))
     return 0
 
 
