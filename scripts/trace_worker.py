@@ -4,7 +4,7 @@ Python's garbage collector timed, and write every span as JSON; or summarise suc
 
     python scripts/trace_worker.py --out trace.json launch.py --random-weights --no-ui   # load it, then Ctrl+C
     python scripts/trace_worker.py --out trace.json scripts/load_test.py --in-process --levels 64
-    python scripts/trace_worker.py --summary trace.json
+    python scripts/trace_worker.py --summary trace.json   # per span; per burst of >= 16 requests
 
 Each span is [name, thread, start s, end s, before, after] (seconds from the script's start; before
 and after: what the part saw, e.g. admission's (running, waiting, deferred steps), a step's batch,
@@ -100,11 +100,37 @@ def summarise(spans: list[list]) -> str:
         ms = sorted((s[3] - s[2]) * 1000 for s in spans if s[0] == name)
         lines.append(f"{name:20s} {len(ms):7d} {statistics.median(ms):8.2f} {ms[int(0.99 * (len(ms) - 1))]:8.2f} "
                      f"{ms[-1]:9.1f} {sum(ms) / 1000:8.2f}")
+    for start, end, requests in bursts(spans):
+        inside = [s for s in spans if start <= s[2] <= end + 1.0]
+        prefills = [s[3] - s[2] for s in inside if s[0] in ("prefill", "prefill_many")]
+        first_admit = min((s[2] for s in inside if s[0] == "admit" and s[5] and s[5][0] > s[4][0]), default=None)
+        collections_ms = [(s[3] - s[2]) * 1000 for s in inside if s[0] == "gc"]
+        lines.append(f"burst at {start:.2f} s: {requests} requests over {(end - start) * 1000:.0f} ms; first admission "
+                     + (f"{(first_admit - start) * 1000:.0f} ms after the first request" if first_admit else "none")
+                     + f"; longest prefill call {max(prefills, default=0) * 1000:.0f} ms; longest collection "
+                     f"{max(collections_ms, default=0):.1f} ms")
     busy = sorted((s for s in spans if s[0] == "iterate" and s[4] and s[4][0]), key=lambda s: s[2] - s[3])[:5]
     if busy:  # sequences were running: every other stream waited this long for its next frame
         lines.append("longest iterations while sequences ran (ms, running, waiting): " + ", ".join(
             f"{(s[3] - s[2]) * 1000:.0f} at {s[2]:.2f} s ({s[4][0]}, {s[4][1]})" for s in busy))
     return "\n".join(lines)
+
+
+def bursts(spans: list[list], min_requests: int = 16, window_s: float = 1.0) -> list[tuple[float, float, int]]:
+    """(first, last request's submission, requests) for each run of at least min_requests requests
+    submitted within window_s of its first."""
+    submitted = sorted(s[2] for s in spans if s[0] == "request_prepare")
+    found, i = [], 0
+    while i < len(submitted):
+        j = i
+        while j < len(submitted) and submitted[j] - submitted[i] < window_s:
+            j += 1
+        if j - i >= min_requests:
+            found.append((submitted[i], submitted[j - 1], j - i))
+            i = j
+        else:
+            i += 1
+    return found
 
 
 def main(argv=None) -> int:

@@ -29,3 +29,19 @@ def test_an_in_process_load_test_under_the_tracer_leaves_its_worker_spans(tmp_pa
     summary = subprocess.run([sys.executable, "scripts/trace_worker.py", "--summary", str(trace)],
                              cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert summary.returncode == 0 and "iterate" in summary.stdout and "longest iterations while sequences ran" in summary.stdout
+
+
+def test_the_summary_finds_bursts_and_their_first_admission_and_longest_prefill():
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import trace_worker
+
+    spans = [["request_prepare", "t", 10.0 + 0.01 * i, 10.0 + 0.01 * i + 0.002, None, None] for i in range(20)]
+    spans += [["request_prepare", "t", 20.0, 20.001, None, None]]  # a lone request: no burst
+    spans += [["admit", "s1-gpu-worker", 10.05, 10.06, [0, 5, 0], [0, 5, 1]],  # deferred: nobody admitted
+              ["admit", "s1-gpu-worker", 10.10, 10.40, [0, 9, 0], [1, 8, 0]],
+              ["prefill", "s1-gpu-worker", 10.10, 10.40, None, None],
+              ["gc", "s1-gpu-worker", 10.5, 10.502, 2, 0]]
+    assert trace_worker.bursts(spans) == [(10.0, spans[19][2], 20)]
+    summary = trace_worker.summarise(spans)
+    assert ("burst at 10.00 s: 20 requests over 190 ms; first admission 100 ms after the first request; "
+            "longest prefill call 300 ms; longest collection 2.0 ms") in summary
