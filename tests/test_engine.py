@@ -386,16 +386,18 @@ class HeldEncode:
         assert self.released.is_set(), "the worker waited on an encode still running"
 
 
-def hold_encodes(eng, monkeypatch):
-    """Reference encodes give their real codes only once the returned event is set; returns
-    (that event, the sample count of each encode started)."""
+def hold_encodes(eng, monkeypatch, fail_on: int = 0):
+    """Reference encodes give their real codes only once the returned event is set, and start
+    number `fail_on` (1-based; 0: none) raises; returns (that event, the sample count of each
+    encode started)."""
     encoder = eng._synthesizer.reference_encoder
     real_start, released, starts = encoder.start, threading.Event(), []
 
     def start(samples):
         starts.append(len(samples))
-        codes = real_start(samples).result()
-        return EncodeHandle(codes, HeldEncode(released))
+        if len(starts) == fail_on:
+            raise RuntimeError("encoder out of order")
+        return EncodeHandle(real_start(samples).result(), HeldEncode(released))
 
     monkeypatch.setattr(encoder, "start", start)
     return released, starts
@@ -505,24 +507,9 @@ def test_new_voices_encode_a_few_at_a_time(fresh_engine, speech, monkeypatch):
     assert not eng._synthesizer._encoding and eng.reference_cache.stats()["misses"] == len(refs)
 
 
-def _encodes_held_and_counted(eng, monkeypatch, fail_on: int = 0):
-    """Encodes finish once the returned event is set; start number `fail_on` (1-based) raises."""
-    encoder = eng._synthesizer.reference_encoder
-    real_start, released, starts = encoder.start, threading.Event(), []
-
-    def start(samples):
-        starts.append(len(samples))
-        if len(starts) == fail_on:
-            raise RuntimeError("encoder out of order")
-        return EncodeHandle(real_start(samples).result(), HeldEncode(released))
-
-    monkeypatch.setattr(encoder, "start", start)
-    return released, starts
-
-
 def test_a_clip_whose_encode_fails_to_start_after_waiting_fails_only_its_requests(fresh_engine, speech, monkeypatch):
     eng, synth = fresh_engine, fresh_engine._synthesizer
-    released, starts = _encodes_held_and_counted(eng, monkeypatch, fail_on=2)
+    released, starts = hold_encodes(eng, monkeypatch, fail_on=2)
     first, second = _distinct_clips(speech, (1.0, 0.5))
     ok = in_background(eng.synthesize, "First voice.", references=[first], params=FAST)
     wait_for(lambda: len(starts) == 1)
@@ -539,7 +526,7 @@ def test_a_clip_whose_encode_fails_to_start_after_waiting_fails_only_its_request
 
 def test_a_queued_clip_whose_requests_all_went_away_is_not_encoded(fresh_engine, speech, monkeypatch):
     eng, synth = fresh_engine, fresh_engine._synthesizer
-    released, starts = _encodes_held_and_counted(eng, monkeypatch)
+    released, starts = hold_encodes(eng, monkeypatch)
     first, second = _distinct_clips(speech, (1.0, 0.5))
     ok = in_background(eng.synthesize, "First voice.", references=[first], params=FAST)
     wait_for(lambda: len(starts) == 1)
