@@ -14,10 +14,10 @@ from starlette.responses import JSONResponse, Response
 
 from engine.audio import encode_audio
 from engine.errors import VoiceNotFoundError
-from engine.facade import ReferenceInput, SynthesisResult
+from engine.facade import SynthesisResult
 from engine.params import SamplingParams
 
-from .api_schema import BatchTTSRequest, SpeechRequest, TTSRequest, VoiceFields
+from .api_schema import BatchTTSRequest, SpeechRequest, TTSRequest
 from .audio_out import audio_response, check_streamable, streaming_audio_response
 from .body import BODY_TYPES, JSON, MSGPACK, read_body
 from .bridge import iterate_in_thread
@@ -32,11 +32,6 @@ log = logging.getLogger("app")
 OPENAI_VOICE_NAMES = frozenset(
     "default alloy ash ballad coral echo fable onyx nova sage shimmer verse marin cedar".split()
 )
-
-
-def _voice(fields: VoiceFields) -> Voice:
-    refs = tuple(ReferenceInput(audio=r.audio, text=r.text) for r in fields.references)
-    return Voice(voice_id=fields.reference_id or None, references=refs)
 
 
 async def _first_then_rest(chunks: AsyncIterator) -> AsyncIterator:
@@ -83,7 +78,7 @@ def build_router(synth: Synthesizer, settings: AppSettings) -> APIRouter:
         """JSON, msgpack or multipart body. In multipart, inline references are repeated
         `reference_audio` file parts, each with a `reference_text` part in the same order."""
         req = await read_body(request, TTSRequest)
-        return await speak(req.text, _voice(req), req.sampling_params(), req.format, req.streaming)
+        return await speak(req.text, Voice.of(req), req.sampling_params(), req.format, req.streaming)
 
     @router.post(
         "/audio/speech",
@@ -108,7 +103,7 @@ def build_router(synth: Synthesizer, settings: AppSettings) -> APIRouter:
         req = await read_body(request, BatchTTSRequest)
         if len(req.texts) > settings.max_batch_items:
             raise HTTPProblem(422, f"at most {settings.max_batch_items} texts per batch; got {len(req.texts)}")
-        results = await run_in_threadpool(synth.batch, req.texts, _voice(req), req.sampling_params())
+        results = await run_in_threadpool(synth.batch, req.texts, Voice.of(req), req.sampling_params())
         as_msgpack = MSGPACK in request.headers.get("accept", "")
         items = [_batch_item(i, r, req.format, as_msgpack) for i, r in enumerate(results)]
         body = {"format": req.format, "sample_rate": synth.sample_rate, "results": items}

@@ -43,6 +43,12 @@ class Voice:
     voice_id: str | None = None
     references: tuple[ReferenceInput, ...] = ()
 
+    @classmethod
+    def of(cls, fields) -> "Voice":
+        """The voice a request body names (api_schema.VoiceFields: reference_id, references)."""
+        refs = tuple(ReferenceInput(audio=r.audio, text=r.text) for r in fields.references)
+        return cls(voice_id=fields.reference_id or None, references=refs)
+
     def engine_kwargs(self) -> dict:
         # A saved voice wins over inline references, as in the reference server.
         if self.voice_id:

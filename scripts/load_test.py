@@ -133,13 +133,12 @@ class EngineTarget:
         from app.api_schema import TTSRequest
         from app.body import validate
         from app.errors import problem_for
-        from engine.facade import ReferenceInput
+        from app.service import Voice
 
         try:
             request = validate(TTSRequest, json.loads(body))  # as the server reads a JSON body
-            references = [ReferenceInput(r.audio, r.text) for r in request.references]
-            for chunk in self.engine.synthesize_stream(request.text, references=references, params=request.sampling_params(),
-                                                       voice=request.reference_id or None):
+            for chunk in self.engine.synthesize_stream(request.text, params=request.sampling_params(),
+                                                       **Voice.of(request).engine_kwargs()):
                 if len(chunk):
                     yield len(chunk) / self.engine.sample_rate
         except Exception as exc:  # the status the API would have answered
