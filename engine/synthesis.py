@@ -197,9 +197,9 @@ class Synthesizer:
         """On the worker thread: a reference clip's codes from the cache, or its encode (one per clip,
         however many requests ask for it), which `iterate` caches once done.
 
-        At most ENCODES_IN_FLIGHT clips encode at once, the others wait their turn. The encode runs in chunks with carried
-        state: the same codes as one whole encode, with the activations of one chunk at a time
-        (fp32, like the reference)."""
+        At most ENCODES_IN_FLIGHT clips encode at once, the others wait their turn. The encode runs
+        in chunks with carried state: the same codes as one whole encode, with the activations of
+        one chunk at a time (fp32, like the reference)."""
         key = clip.key
         codes = self.reference_cache.cached_copy(key)
         if codes is not None:
@@ -208,7 +208,7 @@ class Synthesizer:
             self._encoding[key] = ClipEncode(clip.samples)
             self._start_next_encode()
             encode = self._encoding[key]
-            if encode.ready() and encode.error is None:  # encoded at once (on the CPU, or a clip too long for the graph)
+            if encode.ready() and encode.error is None:  # encoded at once (CPU, or a clip too long for the graph)
                 del self._encoding[key]
                 return self.reference_cache.put(key, encode.result()).clone()
         return self._encoding[key]

@@ -4,9 +4,9 @@ CUDA graphs, compiled callables and grad mode are thread-local, so every tensor 
 engine runs on this thread. Callers submit a job and iterate its results from their own thread.
 The thread alternates between the jobs that have arrived (each one's `work` runs at once: set-up
 calls run to completion, requests hand their sequences to the scheduler) and one `iterate()` of the
-engine's decode loop: after each round of jobs, and whenever no job waits while the loop has work. With nothing to do for IDLE_AFTER_S, it runs the
-background work given to `when_idle` (capturing larger batch graphs), one unit between checks of
-its queue, until none is left. A job ends when `finish()` is called on it, by its work
+engine's decode loop: after each round of jobs, and whenever no job waits while the loop has work.
+With nothing to do for IDLE_AFTER_S, it runs the background work given to `when_idle` (capturing
+larger batch graphs), one unit between checks of its queue, until none is left. A job ends when `finish()` is called on it, by its work
 or later by whoever carries it on; a failing job reports its exception to its caller and the
 worker carries on.
 """
@@ -164,14 +164,12 @@ class GPUWorker:
         """Run `job` and the jobs waiting behind it now, no later arrivals: jobs arriving one after
         another (a burst of requests being parsed) must not hold up the decode loop's running
         sequences, nor the admission of the requests that arrived first. False once closed."""
-        for _ in range(self._queue.qsize()):
+        behind = self._queue.qsize()
+        for i in range(1 + behind):
+            job = job if i == 0 else self._queue.get_nowait()
             if job is None:
                 return False
             self._run(job)
-            job = self._queue.get_nowait()
-        if job is None:
-            return False
-        self._run(job)
         return True
 
     def _run(self, job: Job) -> None:
