@@ -3,11 +3,15 @@
 This is the property continuous batching stands on: rows never see each other's KV, sampling
 parameters or noise, whatever their prompt lengths and positions."""
 
+import copy
+
+import pytest
 import torch
 
 from engine.compilation import CompilePolicy
 from engine.model.dual_ar import TokenLayout, call_block
 from engine.model.loading import load_dual_ar
+from engine.runtime.decode_step import DecodeState
 from engine.runtime.kv_cache import KVCache
 from engine.runtime.step_runner import StepRunner
 
@@ -127,10 +131,8 @@ def test_the_step_embedding_and_bookkeeping_units_trace_whole_and_equal_their_pl
     """The compiled step compiles embed_and_rotation, sampling_inputs and record_frame as regions of
     their own (fullgraph): traced, they give the plain call's values and leave the decode state as
     it does, idle rows and a row ending on <|im_end|> included."""
-    import copy
-
     from engine.model.dual_ar import embed_and_rotation
-    from engine.runtime.decode_step import DecodeState, record_frame
+    from engine.runtime.decode_step import record_frame
     from engine.runtime.generate import sampling_inputs
 
     ids = s1_expected["special_ids"]
@@ -164,6 +166,31 @@ def test_the_step_embedding_and_bookkeeping_units_trace_whole_and_equal_their_pl
     assert torch.equal(state.history.ids, expected_state.history.ids)
     assert torch.equal(state.history.generated, expected_state.history.generated)
     assert state.done.tolist() == [False, True, False] and state.positions.tolist() == [11, 12, 0]
+
+
+def test_starting_rows_together_sets_each_row_and_no_other():
+    state = DecodeState.allocate(4, 2, 8, "cpu")
+    for tensor in (state.columns, state.positions, state.history.ids, state.history.generated, state.frames,
+                   state.length, state.active, state.sampling.noise_key):
+        tensor.fill_(7)
+    for tensor in (state.sampling.temperature, state.sampling.top_p, state.sampling.repetition_penalty):
+        tensor.fill_(9.5)
+    state.done.fill_(True)
+    before = copy.deepcopy(state)
+    state.start_many([(3, torch.tensor([1, 2, 3]), 40, 0.7, 0.8, 1.1, 123), (1, torch.tensor([4, 5, 6]), 12, 0.5, 0.9, 1.3, 5)])
+    assert state.columns[[3, 1]].tolist() == [[1, 2, 3], [4, 5, 6]] and state.positions[[3, 1]].tolist() == [40, 12]
+    s = state.sampling
+    assert s.temperature[[3, 1], 0].tolist() == pytest.approx([0.7, 0.5])
+    assert s.top_p[[3, 1], 0].tolist() == pytest.approx([0.8, 0.9])
+    assert s.repetition_penalty[[3, 1], 0].tolist() == pytest.approx([1.1, 1.3])
+    assert s.noise_key[[3, 1]].tolist() == [123, 5]
+    assert not state.history.ids[[3, 1]].any() and state.history.generated[[3, 1]].tolist() == [0, 0]
+    assert state.done[[3, 1]].tolist() == [False, False] and state.length[[3, 1]].tolist() == [0, 0]
+    assert state.active[[3, 1]].tolist() == [1, 1]
+    for name in ("columns", "positions", "frames", "done", "length", "active"):
+        for slot in (0, 2):
+            assert torch.equal(getattr(state, name)[slot], getattr(before, name)[slot]), name
+    assert torch.equal(state.frames, before.frames)  # a new sequence's frames overwrite the old ones as it runs
 
 
 def test_a_failed_batched_prefill_compile_leaves_rows_admitted_together_eager_and_captures_on(

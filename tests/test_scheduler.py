@@ -303,6 +303,28 @@ def test_a_sequence_whose_prefill_fails_in_a_batch_fails_alone(model, specs, mon
     assert scheduler.free_slots == 2 and not scheduler.busy
 
 
+def test_a_sequence_whose_decode_state_cannot_start_in_a_batch_fails_alone(model, specs, monkeypatch):
+    scheduler = scheduler_for(model, 2)
+    state = scheduler.runner.state
+    plain_start_many, batches = state.start_many, []
+
+    def start_many(rows):  # the row of specs[3] cannot start
+        batches.append(len(rows))
+        if any(column.data_ptr() == specs[3].prompt[:, -1].data_ptr() for _, column, *_ in rows):
+            raise RuntimeError("start failed")
+        plain_start_many(rows)
+
+    monkeypatch.setattr(state, "start_many", start_many)
+    bad, good = Collector(), Collector()
+    scheduler.submit(specs[3], bad)
+    scheduler.submit(specs[1], good)
+    run_until_idle(scheduler)
+    assert batches == [2, 1, 1]
+    assert isinstance(bad.error, RuntimeError) and not bad.blocks
+    assert good.finished and good.error is None and torch.equal(good.codes, alone(model, specs[1]).codes)
+    assert scheduler.free_slots == 2 and not scheduler.busy
+
+
 class PartlyCaptured(StepRunner):
     """A runner whose graphs exist for `ready_slots` rows so far, with `pending` batch buckets to capture."""
 

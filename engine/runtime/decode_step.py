@@ -58,17 +58,30 @@ class DecodeState:
     def start(self, slot: int, column: Tensor, position: int, temperature: float, top_p: float,
               repetition_penalty: float, noise_key: int) -> None:
         """Admit a sequence whose prompt, all but its last column, is already in the KV cache."""
-        self.columns[slot] = column
-        self.positions[slot] = position
-        self.history.ids[slot] = 0
-        self.history.generated[slot] = 0
-        self.sampling.temperature[slot] = temperature
-        self.sampling.top_p[slot] = top_p
-        self.sampling.repetition_penalty[slot] = repetition_penalty
-        self.sampling.noise_key[slot] = noise_key
-        self.done[slot] = False
-        self.length[slot] = 0
-        self.active[slot] = 1
+        self.start_many([(slot, column, position, temperature, top_p, repetition_penalty, noise_key)])
+
+    def start_many(self, rows: list[tuple[int, Tensor, int, float, float, float, int]]) -> None:
+        """start() for several sequences, each row its arguments, in the same ~15 operations however
+        many rows there are: each operation releases the GIL and waits to take it back, up to
+        milliseconds each beside a thread parsing requests (docs/PERFORMANCE.md)."""
+        slots, columns, positions, temperatures, top_ps, penalties, keys = zip(*rows, strict=True)
+        device = self.positions.device
+
+        def upload(values, dtype):  # from pageable memory without waiting: CUDA stages it at once
+            return torch.tensor(values, dtype=dtype).to(device, non_blocking=True)
+
+        index = upload(slots, torch.int64)
+        ints = upload([positions, keys], torch.int64)
+        floats = upload([temperatures, top_ps, penalties], torch.float32)[:, :, None]
+        self.columns.index_copy_(0, index, torch.stack(columns).to(self.columns.dtype))
+        self.positions.index_copy_(0, index, ints[0])
+        self.sampling.noise_key.index_copy_(0, index, ints[1])
+        self.sampling.temperature.index_copy_(0, index, floats[0])
+        self.sampling.top_p.index_copy_(0, index, floats[1])
+        self.sampling.repetition_penalty.index_copy_(0, index, floats[2])
+        for tensor, value in ((self.history.ids, 0), (self.history.generated, 0), (self.done, False),
+                              (self.length, 0), (self.active, 1)):
+            tensor.index_fill_(0, index, value)
 
     def stop(self, slot: int) -> None:
         """Free the slot: its row keeps running inside larger batches but no longer advances, and

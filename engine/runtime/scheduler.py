@@ -255,14 +255,30 @@ class Scheduler:
                 owner.fail(exc)
                 continue
             admitted.append(seq)
-        for seq in self._prefill_texts(admitted):
+        self._start(self._prefill_texts(admitted))
+
+    def _start(self, prefilled: list[_Running]) -> None:
+        """Start the prefilled sequences' rows of the decode state, together; if that fails, each
+        alone, so that only a faulty one fails."""
+        def row(seq: _Running):
             spec = seq.spec
-            try:
-                self.runner.state.start(seq.slot, spec.prompt[:, -1], spec.prompt.shape[1] - 1, spec.temperature,
-                                        spec.top_p, spec.repetition_penalty, spec.noise_key)
-            except Exception as exc:
-                seq.owner.fail(exc)
-                continue
+            return (seq.slot, spec.prompt[:, -1], spec.prompt.shape[1] - 1, spec.temperature, spec.top_p,
+                    spec.repetition_penalty, spec.noise_key)
+
+        if not prefilled:
+            return
+        try:
+            self.runner.state.start_many([row(seq) for seq in prefilled])
+            started = prefilled
+        except Exception:
+            started = []
+            for seq in prefilled:
+                try:
+                    self.runner.state.start_many([row(seq)])
+                    started.append(seq)
+                except Exception as exc:
+                    seq.owner.fail(exc)
+        for seq in started:
             self._running[seq.slot] = seq
 
     def _a_listener_is_short(self) -> bool:

@@ -23,6 +23,7 @@ from .cuda_graphs import capture
 from .decode_step import DecodeState, decode_step, record_frame
 from .generate import FullVocabHead, SemanticHead, StepOps, sample_and_embed, sample_first_code, sampling_inputs
 from .kv_cache import KVCache
+from .prefill_graphs import PrefillGraphs, PrefillRow
 
 MIN_KV_BUCKET = 256
 # Prefill attention without cuDNN: cuDNN builds an execution plan for every new (query, key) length,
@@ -54,10 +55,11 @@ def bucket_for(n: int, sizes: list[int]) -> int:
 
 def _length_generic(compiled_block, batch: bool = False):
     """Mark the sequence length of a prefill block's inputs dynamic before calling it, and with
-    batch=True their batch size too."""
+    batch=True their batch size too. The KV storage's length is dynamic as well: the slots' and
+    the prefill graphs' staging rows (PrefillGraphs) differ, and share one compiled graph."""
 
     def run(layer, x, rope, kv):
-        for tensor, dim in ((x, 1), (rope, 1), (kv.positions, 1), (kv.key_positions, 0)):
+        for tensor, dim in ((x, 1), (rope, 1), (kv.positions, 1), (kv.key_positions, 0), (kv.k, 2), (kv.v, 2)):
             torch._dynamo.maybe_mark_dynamic(tensor, dim)
         if kv.mask is not None:
             torch._dynamo.maybe_mark_dynamic(kv.mask, 2)
@@ -132,6 +134,8 @@ class StepRunner:
         self._step = self._build_step()
         self._graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
         self._prefill_compiled = False
+        self.prefill_graphs: PrefillGraphs | None = None  # captured with the first batch above one
+        self._prefill_graphs_tried = False
         # Rows that can step together now: every slot when eager, else the largest batch bucket up to
         # which every bucket's graphs are captured (set by prepare()).
         self.ready_slots = 0 if policy.cuda_graphs else cache.n_slots
@@ -185,8 +189,9 @@ class StepRunner:
 
     def prepare(self, batch_sizes: list[int] | None = None) -> float:
         """Compile prefill (first call; the batched prefill with the first batch above one) and
-        capture every kv bucket of the given batch buckets (all by default); returns the seconds
-        it took. Only while no sequence is running: the compiling calls write slots 0 and 1."""
+        capture every kv bucket of the given batch buckets (all by default), then, with the first
+        batch above one, the prefill graphs; returns the seconds it took. Only while no sequence is
+        running: the compiling calls write slots 0 and 1."""
         if not self.policy.cuda_graphs:
             return 0.0
         started = time.perf_counter()
@@ -210,10 +215,29 @@ class StepRunner:
             raise
         finally:
             self.state.positions.zero_()
+        if max(batch_sizes) > 1 and not self._prefill_graphs_tried:
+            self._capture_prefill_graphs()
         seconds = time.perf_counter() - started
         logger.info("captured {} CUDA graphs ({}) in {:.1f} s", len(self._graphs) - captured, self.policy.describe(),
                     seconds)
         return seconds
+
+    def _capture_prefill_graphs(self) -> None:
+        """Capture the prefill graphs (after the engine is ready: a few seconds). If that fails,
+        prefill keeps its compiled calls: slower admission beside a busy event loop, the same KV."""
+        self._prefill_graphs_tried = True
+        graphs = PrefillGraphs(self.cache, self.cache.n_slots, self.kv_buckets, self.model.config.num_codebooks + 1)
+        try:
+            graphs.capture(self._prefill_graph_call, self._graph_stream())
+        except Exception:
+            logger.exception("capturing the prefill graphs failed; prefill keeps its compiled calls")
+            return
+        self.prefill_graphs = graphs
+
+    def _prefill_graph_call(self, rows: int, columns: Tensor, views: list) -> Tensor:
+        block = self.prefill_block if rows == 1 else self.batched_prefill_block
+        with torch.inference_mode(), sdpa_kernel(PREFILL_ATTENTION):
+            return self.model.forward_slow(columns, views, block)
 
     @property
     def pending_batches(self) -> list[int]:
@@ -234,14 +258,19 @@ class StepRunner:
             ready = batch
         self.ready_slots = ready
 
+    def _graph_stream(self) -> torch.cuda.Stream:
+        """The stream every graph of this runner is captured on. A graph's kernels keep the priority
+        of the stream they were captured on (torch >= 2.10 instantiates graphs with node priorities):
+        the caller's, so that they rank as its other work does."""
+        if self._capture_stream is None:
+            self._capture_stream = torch.cuda.Stream(priority=torch.cuda.current_stream().priority)
+        return self._capture_stream
+
     def _capture(self, batch: int, kv: int) -> None:
         args = (self._views[batch], self.key_positions[:kv])
         self.state.positions.zero_()
-        # A graph's kernels keep the priority of the stream they were captured on (torch >= 2.10
-        # instantiates graphs with node priorities): the caller's, so that steps rank as it does.
-        self._capture_stream = self._capture_stream or torch.cuda.Stream(priority=torch.cuda.current_stream().priority)
         with torch.inference_mode():  # the first warm-up call compiles this bucket's regions
-            graph, _ = capture(lambda: self._step(*args), self._capture_stream, self._pool)
+            graph, _ = capture(lambda: self._step(*args), self._graph_stream(), self._pool)
         self._pool = graph.pool()
         self._graphs[(batch, kv)] = graph
 
@@ -261,7 +290,8 @@ class StepRunner:
 
     def prefill_many(self, rows: list[tuple[int, Tensor, int]]) -> None:
         """Prefill several sequences, each row (slot, prompt, start) as `prefill(slot, prompt, start)`
-        would, in as few model calls as it can: rows in consecutive slots go through together, their
+        would, in as few calls as it can: once captured, the prefill graphs take the rows that fit
+        them, a few at a time. The others: rows in consecutive slots go through together, their
         prompts padded on the right (a padded column writes KV past its row's prompt, where the row's
         own decode steps write before they read), up to PREFILL_COLUMNS columns a call.
 
@@ -269,7 +299,12 @@ class StepRunner:
         prepare() has compiled it with the larger batches' graphs (after the engine is ready: it
         costs ~10 s), eagerly before (an eager call spent ~45 ms of host time launching its ~2,000
         operations, during which running sequences did not step)."""
-        rows = sorted((row for row in rows if row[1].shape[1] - 1 > row[2]), key=lambda row: row[0])
+        rows = [row for row in rows if row[1].shape[1] - 1 > row[2]]
+        if self.prefill_graphs is not None:
+            left = self.prefill_graphs.run([PrefillRow(slot, prompt, start, prompt.shape[1] - 1)
+                                            for slot, prompt, start in rows])
+            rows = [(row.slot, row.prompt, row.start) for row in left]
+        rows.sort(key=lambda row: row[0])
         for group in self._prefill_groups(rows):
             if len(group) == 1:
                 self.prefill(*group[0])
@@ -327,9 +362,9 @@ class StepRunner:
     def prefill(self, slot: int, prompt: Tensor, start: int = 0, end: int | None = None) -> None:
         """Write prompt columns start..end-1 into the slot's KV cache at their positions; the columns
         before `start` must be there already. end defaults to all but the last column, which the
-        first decode step feeds."""
+        first decode step feeds. A prefill graph runs it if one fits, else the compiled call."""
         end = prompt.shape[1] - 1 if end is None else end
-        if end > start:
+        if end > start and (self.prefill_graphs is None or self.prefill_graphs.run([PrefillRow(slot, prompt, start, end)])):
             positions = torch.arange(start, end, device=prompt.device)[None]
             with torch.inference_mode(), sdpa_kernel(PREFILL_ATTENTION):
                 self.model.forward_slow(prompt[None, :, start:end].long(), self.cache.views(positions, end, slot),

@@ -1,0 +1,76 @@
+"""Prefill through CUDA graphs: how rows are grouped into buckets (CPU), and that a graphed prefill
+writes the keys and values the compiled prefill writes (GPU)."""
+
+import pytest
+import torch
+
+from engine.compilation import CompilePolicy
+from engine.model.dual_ar import TokenLayout
+from engine.model.loading import load_dual_ar
+from engine.runtime.kv_cache import KVCache
+from engine.runtime.prefill_graphs import PrefillRow, plan_groups
+from engine.runtime.step_runner import StepRunner
+
+ROWS, COLUMNS, KV = (1, 2, 4), (32, 64, 128, 256), (256, 512)
+
+
+def row(slot, width, start=0):
+    return PrefillRow(slot, torch.zeros(11, start + width + 1, dtype=torch.long), start, start + width)
+
+
+def slots(groups):
+    return [[r.slot for r in group] for group in groups]
+
+
+def test_rows_are_grouped_narrowest_first_up_to_the_largest_row_bucket():
+    rows = [row(0, 200), row(1, 10), row(2, 40), row(3, 30), row(4, 100), row(5, 20)]
+    groups, left = plan_groups(rows, ROWS, COLUMNS, KV)
+    assert slots(groups) == [[1, 5, 3, 2], [4, 0]] and not left
+
+
+def test_rows_no_graph_fits_are_left_for_the_compiled_call():
+    too_wide, too_late = row(0, 300), row(1, 100, start=400)  # 128 columns from 400 pass the largest kv bucket
+    groups, left = plan_groups([too_wide, row(2, 50), too_late], ROWS, COLUMNS, KV)
+    assert slots(groups) == [[2]] and left == [too_late, too_wide]
+
+
+def test_a_row_whose_start_would_push_its_group_past_the_kv_buckets_starts_a_new_group():
+    # Each fits alone (start 300 + 128 columns <= 512), but the wider row's 256 columns past start 300 do not.
+    groups, left = plan_groups([row(0, 100, start=300), row(1, 200)], ROWS, COLUMNS, KV)
+    assert slots(groups) == [[0], [1]] and not left
+
+
+@pytest.mark.gpu
+def test_graphed_prefill_writes_the_kv_of_the_compiled_one(s1_dir, s1_expected):
+    """Rows with and without earlier columns in their slot, grouped into graphs of padded columns,
+    and a row too long for any graph (the compiled call), against the compiled prefill of each."""
+    ids = s1_expected["special_ids"]
+    model = load_dual_ar(s1_dir, TokenLayout(ids["semantic_begin"], ids["semantic_end"], ids["im_end"]), "cuda",
+                         torch.float32)
+    policy = CompilePolicy(True, True, "test: compiled step in CUDA graphs")
+    prompt_a, prompt_b = s1_expected["prompt_a"].long().cuda(), s1_expected["prompt_b"].long().cuda()
+    long_prompt = torch.cat([prompt_b] * 12, dim=1)  # 1,176 columns: wider than any graph's
+    rows = [(0, prompt_b, 0), (1, prompt_a, 0), (2, prompt_b, 5), (3, long_prompt, 0), (4, prompt_a, 20)]
+
+    def runner(batch_sizes):
+        c = model.config
+        cache = KVCache(c.n_layer, 5, c.n_local_heads, c.max_seq_len, c.head_dim, torch.float32, "cuda")
+        built = StepRunner(model, cache, policy)
+        built.prepare(batch_sizes)
+        return built
+
+    graphed, compiled = runner([1, 2]), runner([1])
+    assert graphed.prefill_graphs is not None and compiled.prefill_graphs is None
+    replays = []
+    replay = graphed.prefill_graphs._replay
+    graphed.prefill_graphs._replay = lambda group: replays.append([r.slot for r in group]) or replay(group)
+    for each in (graphed, compiled):
+        each.prefill(2, prompt_b, 0, 5)
+        each.prefill(4, prompt_a, 0, 20)
+        each.prefill_many(rows)
+    assert replays == [[2], [4], [4, 1, 2, 0]]  # the long row took the compiled call
+    for slot, prompt, _ in rows:
+        written = prompt.shape[1] - 1
+        for name in ("k", "v"):
+            torch.testing.assert_close(getattr(graphed.cache, name)[:, slot, :, :written],
+                                       getattr(compiled.cache, name)[:, slot, :, :written], atol=1e-5, rtol=1e-5)
