@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import NamedTuple
 
 import torch
@@ -97,7 +98,7 @@ class PrefillGraphs:
                 for kv in self.kv_buckets:
                     if kv < width:
                         continue
-                    graph, _ = capture(lambda: self._call(forward, rows, width, kv), stream, pool)
+                    graph, _ = capture(partial(self._call, forward, rows, width, kv), stream, pool)
                     pool = graph.pool()
                     self._graphs[(rows, width, kv)] = graph
         logger.info("captured {} prefill graphs (rows {}, columns up to {}, kv up to {}) in {:.1f} s", len(self._graphs),
