@@ -11,7 +11,7 @@ from engine.runtime.kv_cache import KVCache
 from engine.runtime.prefill_graphs import PrefillRow, plan_groups
 from engine.runtime.step_runner import StepRunner
 
-ROWS, COLUMNS, KV = (1, 2, 4), (32, 64, 128, 256), (256, 512)
+ROWS, COLUMNS, MAX_KV = (1, 2, 4), (32, 64, 128, 256), 512
 
 
 def row(slot, width, start=0):
@@ -24,19 +24,19 @@ def slots(groups):
 
 def test_rows_are_grouped_narrowest_first_up_to_the_largest_row_bucket():
     rows = [row(0, 200), row(1, 10), row(2, 40), row(3, 30), row(4, 100), row(5, 20)]
-    groups, left = plan_groups(rows, ROWS, COLUMNS, KV)
+    groups, left = plan_groups(rows, ROWS, COLUMNS, MAX_KV)
     assert slots(groups) == [[1, 5, 3, 2], [4, 0]] and not left
 
 
 def test_rows_no_graph_fits_are_left_for_the_compiled_call():
-    too_wide, too_late = row(0, 300), row(1, 100, start=400)  # 128 columns from 400 pass the largest kv bucket
-    groups, left = plan_groups([too_wide, row(2, 50), too_late], ROWS, COLUMNS, KV)
+    too_wide, too_late = row(0, 300), row(1, 100, start=400)  # 128 columns from 400 pass MAX_KV
+    groups, left = plan_groups([too_wide, row(2, 50), too_late], ROWS, COLUMNS, MAX_KV)
     assert slots(groups) == [[2]] and left == [too_late, too_wide]
 
 
 def test_a_row_whose_start_would_push_its_group_past_the_kv_buckets_starts_a_new_group():
     # Each fits alone (start 300 + 128 columns <= 512), but the wider row's 256 columns past start 300 do not.
-    groups, left = plan_groups([row(0, 100, start=300), row(1, 200)], ROWS, COLUMNS, KV)
+    groups, left = plan_groups([row(0, 100, start=300), row(1, 200)], ROWS, COLUMNS, MAX_KV)
     assert slots(groups) == [[0], [1]] and not left
 
 

@@ -226,7 +226,7 @@ class StepRunner:
         """Capture the prefill graphs (after the engine is ready: a few seconds). If that fails,
         prefill keeps its compiled calls: slower admission beside a busy event loop, the same KV."""
         self._prefill_graphs_tried = True
-        graphs = PrefillGraphs(self.cache, self.cache.n_slots, self.kv_buckets, self.model.config.num_codebooks + 1)
+        graphs = PrefillGraphs(self.cache, self.cache.n_slots, self.model.config.num_codebooks + 1)
         try:
             graphs.capture(self._prefill_graph_call, self._graph_stream())
         except Exception:
