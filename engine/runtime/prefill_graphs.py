@@ -107,8 +107,10 @@ class PrefillGraphs:
                     self.row_buckets, self.column_buckets[-1], time.perf_counter() - started)
 
     def _call(self, forward, rows: int, width: int):
-        with torch.inference_mode():  # the mask an inference tensor, as in the compiled call's inputs
-            positions = self.starts[:rows, None] + self.offsets[:width]
+        # The positions a normal tensor and the mask an inference one, as StepRunner's compiled calls
+        # make them: the compiled prefill guards on it (another compile of each region otherwise).
+        positions = self.starts[:rows, None] + self.offsets[:width]
+        with torch.inference_mode():
             return forward(rows, self.columns[:rows, :, :width], self.staging.views(positions, self.key_positions))
 
     def run(self, rows: list[PrefillRow]) -> list[PrefillRow]:
