@@ -89,7 +89,6 @@ class PrefillGraphs:
                                    device=device)
         self.starts = torch.zeros(self.row_buckets[-1], dtype=torch.long, device=device)
         self.offsets = torch.arange(self.column_buckets[-1], device=device)
-        self.key_positions = torch.arange(self.max_kv, device=device)
         self._graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
 
     def capture(self, forward: Callable[[int, Tensor, list[KVView]], object], stream: torch.cuda.Stream) -> None:
@@ -107,11 +106,12 @@ class PrefillGraphs:
                     self.row_buckets, self.column_buckets[-1], time.perf_counter() - started)
 
     def _call(self, forward, rows: int, width: int):
-        # The positions a normal tensor and the mask an inference one, as StepRunner's compiled calls
-        # make them: the compiled prefill guards on it (another compile of each region otherwise).
+        # Positions made outside inference mode, key positions and mask inside (by views()), as
+        # StepRunner's compiled calls make theirs: the compiled prefill guards on which tensors are
+        # inference tensors (each difference cost another compile of each prefill region).
         positions = self.starts[:rows, None] + self.offsets[:width]
         with torch.inference_mode():
-            return forward(rows, self.columns[:rows, :, :width], self.staging.views(positions, self.key_positions))
+            return forward(rows, self.columns[:rows, :, :width], self.staging.views(positions, self.max_kv))
 
     def run(self, rows: list[PrefillRow]) -> list[PrefillRow]:
         """Prefill the rows that fit a graph; returns those that do not (none before capture())."""
