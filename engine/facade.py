@@ -29,6 +29,7 @@ from .references import ReferenceCodeCache, VoiceStore, default_cache_dir, defau
 from .runtime.kv_cache import bytes_per_slot
 from .runtime.worker import GPUWorker
 from .synthesis import AudioChunk, PreparedRequest, ReferenceClip, Synthesizer
+from .text.prompt import text_part
 from .text.splitter import split_text
 
 WARMUP_TEXT = "Hello world."
@@ -243,7 +244,11 @@ class TTSEngine:
             refs.append(self._load_reference(audio_path, transcript, f"voice {voice!r}"))
         seed = params.seed if params.seed is not None else (
             self.config.seed if self.config.seed is not None else secrets.randbits(31))
-        return PreparedRequest(split_text(text, params.chunk_length), refs, params, seed)
+        chunks = split_text(text, params.chunk_length)
+        # Tokenized here, on the caller's thread: the GPU worker's time is every request's.
+        model = self.models
+        parts = [text_part(model.tokenizer, chunk, model.model.config.num_codebooks) for chunk in chunks]
+        return PreparedRequest(chunks, parts, refs, params, seed)
 
     def _load_reference(self, audio, transcript: str, label: str) -> ReferenceClip:
         if not isinstance(transcript, str) or not transcript.strip():

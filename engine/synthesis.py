@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import time
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import numpy as np
@@ -32,7 +33,7 @@ from .runtime.reference_encoder import EncodeHandle, ReferenceEncoder
 from .runtime.scheduler import Scheduler, SequenceSpec
 from .runtime.step_runner import StepRunner
 from .runtime.worker import Job
-from .text.prompt import text_part, voice_prefix
+from .text.prompt import voice_prefix
 
 # Prompts must leave this much context for generation (the reference demands 2048 of its 8192).
 MIN_GENERATION_ROOM = 1024
@@ -50,6 +51,10 @@ GRAPHED_REFERENCE_FRAMES = 2048
 # new voices, none with one (which gave 5-9% less audio per second in those bursts).
 ENCODES_IN_FLIGHT = 1
 ENCODE_POLL_S = 0.001  # how often an otherwise idle worker checks whether an encode has finished
+# Voice prompts (prefix columns and key) kept by their clips: building one is ~50 tensor operations,
+# each of which waits for the GIL beside a busy event loop (a request's set-up on the GPU worker took
+# up to ~90 ms in a burst over HTTP on an H100: docs/PERFORMANCE.md). ~13 KB each for a 10 s clip.
+VOICE_PROMPTS_KEPT = 256
 
 
 @dataclass(frozen=True)
@@ -62,6 +67,7 @@ class ReferenceClip:
 @dataclass
 class PreparedRequest:
     chunks: list[str]
+    text_parts: list[torch.Tensor]  # each chunk's prompt columns (text_part), built on the caller's thread
     references: list[ReferenceClip]
     params: SamplingParams
     seed: int
@@ -133,6 +139,7 @@ class Synthesizer:
         self.reference_encoder = ReferenceEncoder(models.codec, REFERENCE_CHUNK_FRAMES,
                                                   min(reference_frames, GRAPHED_REFERENCE_FRAMES))
         self._encoding: dict[str, ClipEncode] = {}  # reference clips being encoded or waiting to, by cache key
+        self._voice_prompts: OrderedDict[tuple, tuple[torch.Tensor, str]] = OrderedDict()  # see voice_prompt
         self._awaiting_voice: list[RequestRun] = []  # requests waiting for their clips' codes
 
     @property
@@ -219,6 +226,28 @@ class Synthesizer:
         waiting = [encode for encode in self._encoding.values() if not encode.started]
         for encode in waiting[:max(ENCODES_IN_FLIGHT - running, 0)]:
             encode.start(self.reference_encoder)
+
+    def voice_prompt(self, references: list[ReferenceClip], codes: list[torch.Tensor] | None = None
+                     ) -> tuple[torch.Tensor, str] | None:
+        """The prompt columns every chunk voiced by `references` starts with (voice_prefix) and their
+        key, kept by the clips' keys and transcripts: built from `codes` (each clip's) the first time,
+        else None when not kept."""
+        key = tuple((clip.key, clip.transcript) for clip in references)
+        kept = self._voice_prompts.get(key)
+        if kept is not None:
+            self._voice_prompts.move_to_end(key)
+            return kept
+        if codes is None:
+            return None
+        kept = self._voice_prompts[key] = self.build_voice_prompt([clip.transcript for clip in references], codes)
+        while len(self._voice_prompts) > VOICE_PROMPTS_KEPT:
+            self._voice_prompts.popitem(last=False)
+        return kept
+
+    def build_voice_prompt(self, transcripts: list[str], codes: list[torch.Tensor]) -> tuple[torch.Tensor, str]:
+        m = self.models
+        prefix = voice_prefix(m.tokenizer, list(zip(transcripts, codes, strict=True)), m.model.config.num_codebooks)
+        return prefix, hashlib.sha1(prefix.numpy().tobytes()).hexdigest()
 
     def await_voice(self, run: "RequestRun") -> None:
         """`run` starts once its reference clips are encoded (see `_start_voiced`)."""
@@ -313,7 +342,11 @@ class RequestRun:
 
     def begin(self) -> None:
         self.job.mark("started")
-        self._voice = [(clip.transcript, self.synth.voice_codes(clip)) for clip in self.request.references]
+        kept = self.synth.voice_prompt(self.request.references)
+        if kept is not None:
+            self.prefix, self.prefix_key = kept
+        else:
+            self._voice = [(clip.transcript, self.synth.voice_codes(clip)) for clip in self.request.references]
         if not self.try_start():
             self.synth.await_voice(self)
 
@@ -332,16 +365,13 @@ class RequestRun:
             return True
         if not all(encode.ready() for encode in self.encodes):
             return False
-        self._use_voice([(text, codes.result() if isinstance(codes, ClipEncode) else codes)
-                         for text, codes in self._voice])
+        if self.prefix is None:
+            self.prefix, self.prefix_key = self.synth.voice_prompt(
+                self.request.references, [codes.result() if isinstance(codes, ClipEncode) else codes
+                                          for _, codes in self._voice])
         self.job.mark("voice_ready")
         self._queue_chunk(0)
         return True
-
-    def _use_voice(self, voice: list[tuple[str, torch.Tensor]]) -> None:
-        m = self.synth.models
-        self.prefix = voice_prefix(m.tokenizer, voice, m.model.config.num_codebooks)
-        self.prefix_key = hashlib.sha1(self.prefix.numpy().tobytes()).hexdigest()
 
     def harvested(self, codes: torch.Tensor) -> None:
         """The chunk's next frames (num_codebooks, n), as they leave the scheduler."""
@@ -366,14 +396,12 @@ class RequestRun:
         if index == 1 and self._first_chunk_codes:
             codes = torch.cat(self._first_chunk_codes, dim=1).cpu()
             if codes.shape[1]:  # a first chunk that ended at once leaves the next ones unvoiced like it
-                self._use_voice([(self.request.chunks[0], codes)])
+                self.prefix, self.prefix_key = self.synth.build_voice_prompt([self.request.chunks[0]], [codes])
         self.index = index
         last = len(self.request.chunks) - 1
         rate = self.synth.sample_rate
         self.fader = SeamFader(int(SEAM_FADE_SECONDS * rate), fade_in=index > 0, fade_out=index < last)
-        m = self.synth.models
-        text = text_part(m.tokenizer, self.request.chunks[index], m.model.config.num_codebooks)
-        prompt = torch.cat([self.prefix, text], dim=1)
+        prompt = torch.cat([self.prefix, self.request.text_parts[index]], dim=1)
         limit = self.synth.capacity - MIN_GENERATION_ROOM
         if prompt.shape[1] > limit:
             raise InputError(
@@ -381,7 +409,8 @@ class RequestRun:
                 f"over this model's limit of {limit}; use a shorter reference clip or a smaller chunk_length"
             )
         p = self.request.params
-        spec = SequenceSpec(prompt.to(m.placement.device), p.temperature, p.top_p, p.repetition_penalty,
+        # From pageable memory without waiting for the worker's queued steps (a blocking copy would).
+        spec = SequenceSpec(prompt.to(self.synth.models.placement.device, non_blocking=True), p.temperature, p.top_p, p.repetition_penalty,
                             _chunk_noise_key(self.request.seed, index), p.max_new_tokens,
                             prefix_key=self.prefix_key, prefix_length=self.prefix.shape[1])
         self.synth.scheduler.submit(spec, self, front=index > 0)

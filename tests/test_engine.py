@@ -20,6 +20,7 @@ from engine.errors import CheckpointError, DeviceError, InputError, VoiceNotFoun
 from engine.facade import ReferenceInput, TTSEngine
 from engine.params import SamplingParams
 from engine.runtime.reference_encoder import EncodeHandle
+from engine.text.splitter import split_text
 
 ROOT = Path(__file__).resolve().parent.parent
 FAST = SamplingParams(max_new_tokens=12, seed=7)
@@ -171,29 +172,50 @@ def test_streamed_audio_equals_a_whole_decode_of_the_same_codes(engine, monkeypa
 
 def test_later_chunks_reuse_the_first_chunks_voice(engine, monkeypatch):
     from engine import synthesis
+    from engine.runtime.scheduler import Scheduler
 
-    prompts = []
-    real_prefix, real_text = synthesis.voice_prefix, synthesis.text_part
-    voices = []
+    voices, specs = [], []
+    real_prefix, real_submit = synthesis.voice_prefix, Scheduler.submit
 
     def spy_prefix(tokenizer, references, num_codebooks):
         voices.append([(t, c.clone()) for t, c in references])
         return real_prefix(tokenizer, references, num_codebooks)
 
-    def spy_text(tokenizer, text, num_codebooks):
-        prompts.append((text, voices[-1]))
-        return real_text(tokenizer, text, num_codebooks)
+    def spy_submit(scheduler, spec, owner, *, front=False):
+        specs.append(spec)
+        return real_submit(scheduler, spec, owner, front=front)
 
     monkeypatch.setattr(synthesis, "voice_prefix", spy_prefix)
-    monkeypatch.setattr(synthesis, "text_part", spy_text)
-    text = "The first part of the story is told here. " * 3 + "Then the second part follows after it."
+    monkeypatch.setattr(Scheduler, "submit", spy_submit)
+    text = "The first part of the story is told here. " * 5 + "Then the second part follows after it."
     engine.synthesize(text, params=SamplingParams(max_new_tokens=10, seed=11, chunk_length=100))
-    assert len(prompts) >= 2
-    assert prompts[0][1] == []
-    first_text, first_refs = prompts[1][1][0][0], prompts[1][1]
-    assert first_text == prompts[0][0]
-    for _, refs in prompts[2:]:
-        assert refs[0][0] == first_text and torch.equal(refs[0][1], first_refs[0][1])
+    chunks = split_text(text, 100)
+    assert len(chunks) >= 3 and len(specs) == len(chunks)
+    assert specs[0].prefix_length == 1  # unvoiced: <|interleave|> alone
+    built = [refs for refs in voices if refs]
+    assert len(built) == 1 and len(built[0]) == 1 and built[0][0][0] == chunks[0]  # chunk 0's text and its codes
+    tokenizer = engine.models.tokenizer
+    voice = real_prefix(tokenizer, built[0], engine.models.model.config.num_codebooks)
+    for spec in specs[1:]:
+        assert spec.prefix_length == voice.shape[1] and spec.prefix_key == specs[1].prefix_key
+        assert torch.equal(spec.prompt[:, :voice.shape[1]].cpu().long(), voice.long())
+
+
+def test_voice_prompts_are_kept_by_clip_and_transcript_up_to_a_bound(engine, monkeypatch):
+    from engine import synthesis
+
+    monkeypatch.setattr(synthesis, "VOICE_PROMPTS_KEPT", 2)
+    synth, samples = engine._synthesizer, np.zeros(10, dtype=np.float32)
+    codes = [torch.zeros(engine.models.model.config.num_codebooks, 5, dtype=torch.long)]
+    clips = [[synthesis.ReferenceClip(samples, f"Transcript {i}.", "same-clip-key")] for i in range(3)]
+    assert synth.voice_prompt(clips[0]) is None  # not built yet
+    first = synth.voice_prompt(clips[0], codes)
+    assert torch.equal(first[0], synthesis.voice_prefix(engine.models.tokenizer, [("Transcript 0.", codes[0])],
+                                                        engine.models.model.config.num_codebooks))
+    assert synth.voice_prompt(clips[0]) is first
+    assert synth.voice_prompt(clips[1], codes)[1] != first[1]  # another transcript, another prompt
+    synth.voice_prompt(clips[2], codes)
+    assert synth.voice_prompt(clips[0]) is None and synth.voice_prompt(clips[2]) is not None  # oldest evicted
 
 
 def test_voice_clone_and_saved_voice(engine, speech):
@@ -204,9 +226,13 @@ def test_voice_clone_and_saved_voice(engine, speech):
     assert len(cloned.audio) > 0
     after = engine.reference_cache.stats()
     assert after["misses"] == before["misses"] + 1 and after["items"] == before["items"] + 1  # encoded, kept
-    engine.synthesize("Cloned again.", references=[ref], params=FAST)
+    engine.synthesize("Cloned again.", references=[ref], params=FAST)  # the voice's prompt was kept: no lookup
     again = engine.reference_cache.stats()
-    assert again["misses"] == after["misses"] and again["memory_hits"] == after["memory_hits"] + 1
+    assert again["misses"] == after["misses"] and again["memory_hits"] == after["memory_hits"]
+    retold = ReferenceInput(ref.audio, transcript + " Told again.")  # another prompt, the clip's codes kept
+    engine.synthesize("Cloned once more.", references=[retold], params=FAST)
+    last = engine.reference_cache.stats()
+    assert last["misses"] == after["misses"] and last["memory_hits"] == after["memory_hits"] + 1
     assert not engine._synthesizer._encoding and engine.in_flight == 0
 
     engine.voices.add("fox", speech.variant("flac"), transcript)
