@@ -4,7 +4,7 @@ Python's garbage collector timed, and write every span as JSON; or summarise suc
 
     python scripts/trace_worker.py --out trace.json launch.py --random-weights --no-ui   # load it, then Ctrl+C
     python scripts/trace_worker.py --out trace.json scripts/load_test.py --in-process --levels 64
-    python scripts/trace_worker.py --summary trace.json   # per span; per burst of >= 16 requests
+    python scripts/trace_worker.py --summary trace.json   # per span; per burst of >= 16 requests (.json.gz too)
 
 Each span is [name, thread, start s, end s, before, after] (seconds from the script's start; before
 and after: what the part saw, e.g. admission's (running, waiting, deferred steps), a step's batch,
@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import atexit
 import gc
+import gzip
 import json
 import os
 import runpy
@@ -103,11 +104,13 @@ def summarise(spans: list[list]) -> str:
     for start, end, requests in bursts(spans):
         inside = [s for s in spans if start <= s[2] <= end + 1.0]
         prefills = [s[3] - s[2] for s in inside if s[0] in ("prefill", "prefill_many")]
+        jobs = [s[3] - s[2] for s in inside if s[0] == "job_run"]
         first_admit = min((s[2] for s in inside if s[0] == "admit" and s[5] and s[5][0] > s[4][0]), default=None)
         collections_ms = [(s[3] - s[2]) * 1000 for s in inside if s[0] == "gc"]
         lines.append(f"burst at {start:.2f} s: {requests} requests over {(end - start) * 1000:.0f} ms; first admission "
                      + (f"{(first_admit - start) * 1000:.0f} ms after the first request" if first_admit else "none")
-                     + f"; longest prefill call {max(prefills, default=0) * 1000:.0f} ms; longest collection "
+                     + f"; longest prefill call {max(prefills, default=0) * 1000:.0f} ms; longest job (a request's "
+                     f"set-up) {max(jobs, default=0) * 1000:.0f} ms; longest collection "
                      f"{max(collections_ms, default=0):.1f} ms")
     busy = sorted((s for s in spans if s[0] == "iterate" and s[4] and s[4][0]), key=lambda s: s[2] - s[3])[:5]
     if busy:  # sequences were running: every other stream waited this long for its next frame
@@ -141,7 +144,9 @@ def main(argv=None) -> int:
     p.add_argument("script_args", nargs=argparse.REMAINDER)
     args = p.parse_args(argv)
     if args.summary:
-        print(summarise(json.loads(args.summary.read_text())))
+        opener = gzip.open if args.summary.suffix == ".gz" else open
+        with opener(args.summary, "rt") as f:
+            print(summarise(json.load(f)))
         return 0
     if not (args.out and args.script):
         p.error("give --out FILE and a script to run (or --summary FILE)")

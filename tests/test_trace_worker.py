@@ -1,5 +1,6 @@
 """scripts/trace_worker.py: a script run under it leaves the GPU worker's spans and a summary of them."""
 
+import gzip
 import json
 import subprocess
 import sys
@@ -29,6 +30,11 @@ def test_an_in_process_load_test_under_the_tracer_leaves_its_worker_spans(tmp_pa
     summary = subprocess.run([sys.executable, "scripts/trace_worker.py", "--summary", str(trace)],
                              cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert summary.returncode == 0 and "iterate" in summary.stdout and "longest iterations while sequences ran" in summary.stdout
+    packed = tmp_path / "trace.json.gz"  # as the raw traces under docs/benchmarks are kept
+    packed.write_bytes(gzip.compress(trace.read_bytes()))
+    from_packed = subprocess.run([sys.executable, "scripts/trace_worker.py", "--summary", str(packed)],
+                                 cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert from_packed.returncode == 0 and from_packed.stdout == summary.stdout
 
 
 def test_the_summary_finds_bursts_and_their_first_admission_and_longest_prefill():
@@ -40,8 +46,9 @@ def test_the_summary_finds_bursts_and_their_first_admission_and_longest_prefill(
     spans += [["admit", "s1-gpu-worker", 10.05, 10.06, [0, 5, 0], [0, 5, 1]],  # deferred: nobody admitted
               ["admit", "s1-gpu-worker", 10.10, 10.40, [0, 9, 0], [1, 8, 0]],
               ["prefill", "s1-gpu-worker", 10.10, 10.40, None, None],
+              ["job_run", "s1-gpu-worker", 10.02, 10.045, None, None],
               ["gc", "s1-gpu-worker", 10.5, 10.502, 2, 0]]
     assert trace_worker.bursts(spans) == [(10.0, spans[19][2], 20)]
     summary = trace_worker.summarise(spans)
     assert ("burst at 10.00 s: 20 requests over 190 ms; first admission 100 ms after the first request; "
-            "longest prefill call 300 ms; longest collection 2.0 ms") in summary
+            "longest prefill call 300 ms; longest job (a request's set-up) 25 ms; longest collection 2.0 ms") in summary
