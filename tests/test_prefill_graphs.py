@@ -40,6 +40,56 @@ def test_a_row_whose_start_would_push_its_group_past_the_kv_buckets_starts_a_new
     assert slots(groups) == [[0], [1]] and not left
 
 
+class EagerGraph:
+    """Stands in for a captured CUDA graph on the CPU: a replay calls the captured function again."""
+
+    def __init__(self, fn):
+        self.replay = fn
+
+    def pool(self):
+        return None
+
+
+def test_prefill_through_staging_rows_writes_the_kv_of_a_plain_prefill(s1_dir, s1_expected, monkeypatch):
+    """The staging logic on the CPU (graphs replaced by eager calls of what they capture): rows with
+    and without earlier columns in their slot, several groups, a row too long for any graph."""
+    from engine.runtime import prefill_graphs
+
+    ids = s1_expected["special_ids"]
+    model = load_dual_ar(s1_dir, TokenLayout(ids["semantic_begin"], ids["semantic_end"], ids["im_end"]), "cpu",
+                         torch.float32)
+    policy = CompilePolicy(False, False, "test: eager")
+    prompt_a, prompt_b = s1_expected["prompt_a"].long(), s1_expected["prompt_b"].long()
+    long_prompt = torch.cat([prompt_b] * 12, dim=1)  # 1,176 columns: wider than any graph's
+    rows = [(0, prompt_b, 0), (1, prompt_a, 0), (2, prompt_b, 5), (3, long_prompt, 0), (4, prompt_a, 20),
+            (5, prompt_a, 0)]
+
+    def runner():
+        c = model.config
+        return StepRunner(model, KVCache(c.n_layer, 6, c.n_local_heads, c.max_seq_len, c.head_dim, torch.float32,
+                                         "cpu"), policy)
+
+    staged, plain = runner(), runner()
+    monkeypatch.setattr(prefill_graphs, "capture", lambda fn, stream, pool=None, warmup=2: (EagerGraph(fn), None))
+    staged.prefill_graphs = prefill_graphs.PrefillGraphs(staged.cache, 6, model.config.num_codebooks + 1)
+    staged.prefill_graphs.capture(staged._prefill_graph_call, stream=None)
+    staged.prefill_graphs.staging.k.normal_()  # stale values from earlier prefills must not leak in
+    staged.prefill_graphs.staging.v.normal_()
+    replays = []
+    replay = staged.prefill_graphs._replay
+    staged.prefill_graphs._replay = lambda group: replays.append([r.slot for r in group]) or replay(group)
+    for each in (staged, plain):
+        each.prefill(2, prompt_b, 0, 5)
+        each.prefill(4, prompt_a, 0, 20)
+        each.prefill_many(rows)
+    assert replays == [[2], [4], [4, 1, 5, 2], [0]]  # four rows a graph at most; the long row went plain
+    for slot, prompt, _ in rows:
+        written = prompt.shape[1] - 1
+        for name in ("k", "v"):
+            torch.testing.assert_close(getattr(staged.cache, name)[:, slot, :, :written],
+                                       getattr(plain.cache, name)[:, slot, :, :written], atol=1e-5, rtol=1e-5)
+
+
 @pytest.mark.gpu
 def test_graphed_prefill_writes_the_kv_of_the_compiled_one(s1_dir, s1_expected):
     """Rows with and without earlier columns in their slot, grouped into graphs of padded columns,
