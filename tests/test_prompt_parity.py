@@ -63,6 +63,8 @@ def test_max_length(tokenizer, s1_expected):
         (torch.full((10, 4), 4096, dtype=torch.int32), "codebook 0"),
         (torch.cat([torch.zeros(1, 4), torch.full((9, 4), 1024)]).int(), "codebook 1"),
         (torch.full((10, 4), -1, dtype=torch.int32), "codebook 0"),
+        (torch.cat([torch.zeros(7, 4), torch.full((1, 4), 1024), torch.full((2, 4), -3)]).int(),
+         r"codebook 7 codes must be in \[0, 1024\), got values from 1024 to 1024"),  # the first bad row
     ],
 )
 def test_bad_reference_codes(tokenizer, codes, message):

@@ -81,12 +81,15 @@ def _check_codes(codes, index: int, num_codebooks: int) -> torch.Tensor:
         raise InputError(f"{where}: codes must have shape ({num_codebooks}, frames), got {tuple(codes.shape)}")
     if codes.shape[1] == 0:
         raise InputError(f"{where}: codes hold no frames; the reference clip is empty")
-    limits = [NUM_SEMANTIC_TOKENS] + [RESIDUAL_CODEBOOK_SIZE] * (num_codebooks - 1)
-    for row, limit in enumerate(limits):
+    # One check for all rows (a few tensor operations, not a few per row: each waits for the GIL on
+    # the GPU worker, where a new voice's prompt is built), then the first bad row for the message.
+    limits = torch.tensor([NUM_SEMANTIC_TOKENS] + [RESIDUAL_CODEBOOK_SIZE] * (num_codebooks - 1), device=codes.device)
+    bad_rows = ((codes < 0) | (codes >= limits[:, None])).any(dim=1)
+    if bool(bad_rows.any()):
+        row = int(bad_rows.nonzero()[0])
         values = codes[row]
-        if bool((values < 0).any()) or bool((values >= limit).any()):
-            raise InputError(
-                f"{where}: codebook {row} codes must be in [0, {limit}), got values from "
-                f"{int(values.min())} to {int(values.max())}; the codes do not come from the S1-mini codec"
-            )
+        raise InputError(
+            f"{where}: codebook {row} codes must be in [0, {int(limits[row])}), got values from "
+            f"{int(values.min())} to {int(values.max())}; the codes do not come from the S1-mini codec"
+        )
     return codes
