@@ -1,4 +1,5 @@
-"""Helpers for driving a Scheduler directly in tests: an owner that records what it is given."""
+"""Helpers for driving a Scheduler or a StepRunner directly in tests: an owner that records what it
+is given, and a check that two runners prefilled the same keys and values."""
 
 from __future__ import annotations
 
@@ -39,3 +40,13 @@ def run_until_idle(scheduler: Scheduler, on_iteration=lambda i: None, limit: int
         for h in scheduler.iteration():
             h.owner.take(h.codes, h.first, h.final)
     raise AssertionError(f"still busy after {limit} iterations")
+
+
+def assert_same_kv(cache, other, rows, tolerance: float) -> None:
+    """Every prompt column that prefill rows (slot, prompt, start) wrote (all but the last column)
+    has the same keys and values in both KV caches, within `tolerance`."""
+    for slot, prompt, _ in rows:
+        written = prompt.shape[1] - 1
+        for name in ("k", "v"):
+            torch.testing.assert_close(getattr(cache, name)[:, slot, :, :written],
+                                       getattr(other, name)[:, slot, :, :written], atol=tolerance, rtol=tolerance)

@@ -15,7 +15,7 @@ from engine.runtime.sampling import SamplingTensors
 from engine.runtime.prefix_cache import PrefixCache
 from engine.runtime.scheduler import Scheduler, SequenceSpec
 from engine.runtime.step_runner import StepRunner
-from scheduling import Collector, run_until_idle
+from scheduling import Collector, assert_same_kv, run_until_idle
 
 pytestmark = pytest.mark.gpu
 
@@ -165,11 +165,7 @@ def test_compiled_batched_prefill_writes_the_kv_of_the_eager_one(tiny_model, s1_
     for runner in (compiled, eager):
         runner.prefill(2, prompt_b, 0, 5)
         runner.prefill_many(rows)
-    for slot, prompt, _ in rows:
-        written = prompt.shape[1] - 1
-        for name in ("k", "v"):
-            torch.testing.assert_close(getattr(compiled.cache, name)[:, slot, :, :written],
-                                       getattr(eager.cache, name)[:, slot, :, :written], atol=1e-4, rtol=1e-4)
+    assert_same_kv(compiled.cache, eager.cache, rows, 1e-4)
 
 
 def test_graphed_reference_encoder_gives_the_eager_codes():

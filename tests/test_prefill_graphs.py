@@ -1,5 +1,6 @@
-"""Prefill through CUDA graphs: how rows are grouped into buckets (CPU), and that a graphed prefill
-writes the keys and values the compiled prefill writes (GPU)."""
+"""Prefill through CUDA graphs: how rows are grouped into buckets, and that prefilling through the
+staging rows writes the keys and values of a plain prefill (on the CPU, each graph replaced by an
+eager call of what it captures; on the GPU, captured graphs against the compiled prefill)."""
 
 import pytest
 import torch
@@ -10,6 +11,7 @@ from engine.model.loading import load_dual_ar
 from engine.runtime.kv_cache import KVCache
 from engine.runtime.prefill_graphs import PrefillRow, plan_groups
 from engine.runtime.step_runner import StepRunner
+from scheduling import assert_same_kv
 
 ROWS, COLUMNS, MAX_KV = (1, 2, 4), (32, 64, 128, 256), 512
 
@@ -50,15 +52,32 @@ class EagerGraph:
         return None
 
 
+def tiny_model(s1_dir, s1_expected, device):
+    ids = s1_expected["special_ids"]
+    return load_dual_ar(s1_dir, TokenLayout(ids["semantic_begin"], ids["semantic_end"], ids["im_end"]), device,
+                        torch.float32)
+
+
+def prefill_alike(graphed, other, rows, prompt_a, prompt_b) -> list[list[int]]:
+    """The same prefills through both runners (two slots' first columns alone, then `rows` together);
+    asserts equal keys and values for every column written; returns the slots of each graph replay."""
+    replays = []
+    replay = graphed.prefill_graphs._replay
+    graphed.prefill_graphs._replay = lambda group: replays.append([r.slot for r in group]) or replay(group)
+    for each in (graphed, other):
+        each.prefill(2, prompt_b, 0, 5)
+        each.prefill(4, prompt_a, 0, 20)
+        each.prefill_many(rows)
+    assert_same_kv(graphed.cache, other.cache, rows, 1e-5)
+    return replays
+
+
 def test_prefill_through_staging_rows_writes_the_kv_of_a_plain_prefill(s1_dir, s1_expected, monkeypatch):
     """The staging logic on the CPU (graphs replaced by eager calls of what they capture): rows with
     and without earlier columns in their slot, several groups, a row too long for any graph."""
     from engine.runtime import prefill_graphs
 
-    ids = s1_expected["special_ids"]
-    model = load_dual_ar(s1_dir, TokenLayout(ids["semantic_begin"], ids["semantic_end"], ids["im_end"]), "cpu",
-                         torch.float32)
-    policy = CompilePolicy(False, False, "test: eager")
+    model = tiny_model(s1_dir, s1_expected, "cpu")
     prompt_a, prompt_b = s1_expected["prompt_a"].long(), s1_expected["prompt_b"].long()
     long_prompt = torch.cat([prompt_b] * 12, dim=1)  # 1,176 columns: wider than any graph's
     rows = [(0, prompt_b, 0), (1, prompt_a, 0), (2, prompt_b, 5), (3, long_prompt, 0), (4, prompt_a, 20),
@@ -67,7 +86,7 @@ def test_prefill_through_staging_rows_writes_the_kv_of_a_plain_prefill(s1_dir, s
     def runner():
         c = model.config
         return StepRunner(model, KVCache(c.n_layer, 6, c.n_local_heads, c.max_seq_len, c.head_dim, torch.float32,
-                                         "cpu"), policy)
+                                         "cpu"), CompilePolicy(False, False, "test: eager"))
 
     staged, plain = runner(), runner()
     monkeypatch.setattr(prefill_graphs, "capture", lambda fn, stream, pool=None, warmup=2: (EagerGraph(fn), None))
@@ -75,28 +94,15 @@ def test_prefill_through_staging_rows_writes_the_kv_of_a_plain_prefill(s1_dir, s
     staged.prefill_graphs.capture(staged._prefill_graph_call, stream=None)
     staged.prefill_graphs.staging.k.normal_()  # stale values from earlier prefills must not leak in
     staged.prefill_graphs.staging.v.normal_()
-    replays = []
-    replay = staged.prefill_graphs._replay
-    staged.prefill_graphs._replay = lambda group: replays.append([r.slot for r in group]) or replay(group)
-    for each in (staged, plain):
-        each.prefill(2, prompt_b, 0, 5)
-        each.prefill(4, prompt_a, 0, 20)
-        each.prefill_many(rows)
+    replays = prefill_alike(staged, plain, rows, prompt_a, prompt_b)
     assert replays == [[2], [4], [4, 1, 5, 2], [0]]  # four rows a graph at most; the long row went plain
-    for slot, prompt, _ in rows:
-        written = prompt.shape[1] - 1
-        for name in ("k", "v"):
-            torch.testing.assert_close(getattr(staged.cache, name)[:, slot, :, :written],
-                                       getattr(plain.cache, name)[:, slot, :, :written], atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.gpu
 def test_graphed_prefill_writes_the_kv_of_the_compiled_one(s1_dir, s1_expected):
     """Rows with and without earlier columns in their slot, grouped into graphs of padded columns,
     and a row too long for any graph (the compiled call), against the compiled prefill of each."""
-    ids = s1_expected["special_ids"]
-    model = load_dual_ar(s1_dir, TokenLayout(ids["semantic_begin"], ids["semantic_end"], ids["im_end"]), "cuda",
-                         torch.float32)
+    model = tiny_model(s1_dir, s1_expected, "cuda")
     policy = CompilePolicy(True, True, "test: compiled step in CUDA graphs")
     prompt_a, prompt_b = s1_expected["prompt_a"].long().cuda(), s1_expected["prompt_b"].long().cuda()
     long_prompt = torch.cat([prompt_b] * 12, dim=1)  # 1,176 columns: wider than any graph's
@@ -111,16 +117,5 @@ def test_graphed_prefill_writes_the_kv_of_the_compiled_one(s1_dir, s1_expected):
 
     graphed, compiled = runner([1, 2]), runner([1])
     assert graphed.prefill_graphs is not None and compiled.prefill_graphs is None
-    replays = []
-    replay = graphed.prefill_graphs._replay
-    graphed.prefill_graphs._replay = lambda group: replays.append([r.slot for r in group]) or replay(group)
-    for each in (graphed, compiled):
-        each.prefill(2, prompt_b, 0, 5)
-        each.prefill(4, prompt_a, 0, 20)
-        each.prefill_many(rows)
+    replays = prefill_alike(graphed, compiled, rows, prompt_a, prompt_b)
     assert replays == [[2], [4], [4, 1, 2, 0]]  # the long row took the compiled call
-    for slot, prompt, _ in rows:
-        written = prompt.shape[1] - 1
-        for name in ("k", "v"):
-            torch.testing.assert_close(getattr(graphed.cache, name)[:, slot, :, :written],
-                                       getattr(compiled.cache, name)[:, slot, :, :written], atol=1e-5, rtol=1e-5)

@@ -15,7 +15,7 @@ def tokenizer(s1_dir):
 
 @pytest.fixture(scope="module")
 def references(s1_expected):
-    return list(zip(s1_expected["prompt_b_ref_texts"], s1_expected["prompt_b_ref_codes"]))
+    return list(zip(s1_expected["prompt_b_ref_texts"], s1_expected["prompt_b_ref_codes"], strict=True))
 
 
 def test_prompt_a_without_reference(tokenizer, s1_expected):
