@@ -52,3 +52,25 @@ def test_the_summary_finds_bursts_and_their_first_admission_and_longest_prefill(
     summary = trace_worker.summarise(spans)
     assert ("burst at 10.00 s: 20 requests over 190 ms; first admission 100 ms after the first request; "
             "longest prefill call 300 ms; longest job (a request's set-up) 25 ms; longest collection 2.0 ms") in summary
+
+
+def test_profile_engine_sums_the_tracers_spans_per_level(tmp_path):
+    """scripts/profile_engine.py times the worker with trace_worker's spans: per level, each span's
+    time summed, and when the first and last decode steps launched."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import profile_engine
+
+    spans = [["iterate", "w", 10.0, 10.5, None, None], ["step", "w", 10.1, 10.2, 2, 2],
+             ["step", "w", 10.3, 10.35, 2, 2], ["iterate", "w", 10.6, 10.7, None, None]]
+    row = profile_engine.level_row(spans, started=9.9, wall=1.0)
+    assert row["parts_s"] == {"iterate": 0.6, "step": 0.15} and row["steps"] == 2
+    assert row["first_step_s"] == 0.2 and row["after_last_step_s"] == 0.6
+
+    out = tmp_path / "pe.json"
+    run = subprocess.run([sys.executable, "scripts/profile_engine.py", "--weights", "demo", "--levels", "2",
+                          "--frames", "6", "--json", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    (level,) = json.loads(out.read_text())
+    assert level["streams"] == 2 and level["audio_s_per_s"] > 0 and level["steps"] >= 6
+    assert {"job_run", "admit", "step", "iterate", "request_prepare"} <= set(level["parts_s"])
+    assert 0 <= level["first_step_s"] <= level["wall_s"]
