@@ -55,7 +55,8 @@ def _bucket(n: int, sizes) -> int | None:
     return next((size for size in sizes if size >= n), None)
 
 
-def plan_groups(rows: list[PrefillRow], row_buckets, column_buckets, max_kv: int) -> tuple[list[list[PrefillRow]], list[PrefillRow]]:
+def plan_groups(rows: list[PrefillRow], row_buckets, column_buckets,
+                max_kv: int) -> tuple[list[list[PrefillRow]], list[PrefillRow]]:
     """Split rows into groups that one graph each can prefill (narrowest first, at most the largest
     row bucket a group, and the group's widest bucket past its latest start within max_kv);
     returns (groups, the rows no graph fits)."""
