@@ -410,8 +410,8 @@ class RequestRun:
             )
         p = self.request.params
         # From pageable memory without waiting for the worker's queued steps (a blocking copy would).
-        spec = SequenceSpec(prompt.to(self.synth.models.placement.device, non_blocking=True), p.temperature, p.top_p, p.repetition_penalty,
-                            _chunk_noise_key(self.request.seed, index), p.max_new_tokens,
+        spec = SequenceSpec(prompt.to(self.synth.models.placement.device, non_blocking=True), p.temperature, p.top_p,
+                            p.repetition_penalty, _chunk_noise_key(self.request.seed, index), p.max_new_tokens,
                             prefix_key=self.prefix_key, prefix_length=self.prefix.shape[1])
         self.synth.scheduler.submit(spec, self, front=index > 0)
 

@@ -364,8 +364,11 @@ class StepRunner:
         before `start` must be there already. end defaults to all but the last column, which the
         first decode step feeds. A prefill graph runs it if one fits, else the compiled call."""
         end = prompt.shape[1] - 1 if end is None else end
-        if end > start and (self.prefill_graphs is None or self.prefill_graphs.run([PrefillRow(slot, prompt, start, end)])):
-            positions = torch.arange(start, end, device=prompt.device)[None]
-            with torch.inference_mode(), sdpa_kernel(PREFILL_ATTENTION):
-                self.model.forward_slow(prompt[None, :, start:end].long(), self.cache.views(positions, end, slot),
-                                        self.prefill_block)
+        if end <= start:
+            return
+        if self.prefill_graphs is not None and not self.prefill_graphs.run([PrefillRow(slot, prompt, start, end)]):
+            return  # a graph prefilled it
+        positions = torch.arange(start, end, device=prompt.device)[None]
+        with torch.inference_mode(), sdpa_kernel(PREFILL_ATTENTION):
+            self.model.forward_slow(prompt[None, :, start:end].long(), self.cache.views(positions, end, slot),
+                                    self.prefill_block)
