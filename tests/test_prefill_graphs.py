@@ -119,3 +119,29 @@ def test_graphed_prefill_writes_the_kv_of_the_compiled_one(s1_dir, s1_expected):
     assert graphed.prefill_graphs is not None and compiled.prefill_graphs is None
     replays = prefill_alike(graphed, compiled, rows, prompt_a, prompt_b)
     assert replays == [[2], [4], [4, 1, 2, 0]]  # the long row took the compiled call
+
+
+def test_a_failed_prefill_graph_capture_leaves_the_compiled_prefill_and_is_not_retried(s1_dir, s1_expected,
+                                                                                      monkeypatch):
+    from engine.runtime import prefill_graphs
+
+    model = tiny_model(s1_dir, s1_expected, "cpu")
+    c = model.config
+    runner = StepRunner(model, KVCache(c.n_layer, 4, c.n_local_heads, c.max_seq_len, c.head_dim, torch.float32,
+                                       "cpu"), CompilePolicy(True, True, "test: compiled, graphs"))
+    tries = []
+
+    def capture(graphs, forward, stream):
+        tries.append(graphs.row_buckets)
+        raise RuntimeError("out of memory while capturing")
+
+    monkeypatch.setattr(prefill_graphs.PrefillGraphs, "capture", capture)
+    monkeypatch.setattr(runner, "_graph_stream", lambda: None)
+    monkeypatch.setattr(runner, "prefill", lambda *args, **kwargs: None)  # the compiles: not under test
+    monkeypatch.setattr(runner, "_prefill_rows", lambda rows, block=None: None)
+    monkeypatch.setattr(runner, "_capture", lambda batch, kv: runner._graphs.__setitem__((batch, kv), object()))
+    runner.prepare([1])
+    assert not tries  # batch 1 alone: no prefill graphs yet
+    runner.prepare([2])
+    runner.prepare([4])
+    assert tries == [[1, 2, 4]] and runner.prefill_graphs is None and runner.ready_slots == 4
