@@ -102,14 +102,9 @@ class ReferenceCodeCache:
     def key(self, samples: np.ndarray) -> str:
         return hashlib.sha256(f"{self._fingerprint}\n{content_hash(samples)}".encode()).hexdigest()
 
-    def lookup(self, samples: np.ndarray) -> tuple[str, torch.Tensor | None]:
-        """The clip's key, and its codes (a copy) when memory or disk has them; with None, the
-        caller encodes the clip itself and hands the codes to `put`."""
-        key = self.key(samples)
-        return key, self.cached_copy(key)
-
     def cached_copy(self, key: str) -> torch.Tensor | None:
-        """The codes of the clip `key` (a copy) when memory or disk has them, else None."""
+        """The codes of the clip `key` (a copy) when memory or disk has them; with None, the caller
+        encodes the clip itself and hands the codes to `put`."""
         codes = self._cached(key)
         return None if codes is None else codes.clone()
 

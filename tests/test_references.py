@@ -38,9 +38,15 @@ class CountingEncoder:
         return (torch.arange(10 * frames).reshape(10, frames) + int(abs(samples[0]) * 1000)) % 1024
 
 
+def lookup(cache: ReferenceCodeCache, samples: np.ndarray) -> tuple[str, torch.Tensor | None]:
+    """The clip's key and its cached codes (a copy) or None, as the engine asks for them."""
+    key = cache.key(samples)
+    return key, cache.cached_copy(key)
+
+
 def get_codes(cache: ReferenceCodeCache, encoder, samples: np.ndarray) -> torch.Tensor:
     """What the engine does with a clip: the cached codes, else the clip encoded and kept."""
-    key, codes = cache.lookup(samples)
+    key, codes = lookup(cache, samples)
     return codes if codes is not None else cache.put(key, encoder(samples)).clone()
 
 
@@ -81,10 +87,10 @@ def test_looked_up_codes_are_a_copy():
     codes = get_codes(cache, CountingEncoder(), clip(0))
     expected = codes.clone()
     codes.fill_(7)
-    _, again = cache.lookup(clip(0))
+    _, again = lookup(cache, clip(0))
     assert torch.equal(again, expected)
     again.fill_(7)
-    assert torch.equal(cache.lookup(clip(0))[1], expected)
+    assert torch.equal(lookup(cache, clip(0))[1], expected)
 
 
 def test_lru_evicts_the_oldest():
@@ -105,14 +111,14 @@ def test_disk_cache_survives_a_restart(tmp_path):
     files = list(tmp_path.glob("*.pt"))
     assert len(files) == 1 and not list(tmp_path.glob("*.tmp"))
     second = ReferenceCodeCache(tmp_path, fingerprint="codec-a")
-    _, loaded = second.lookup(clip(0))
+    _, loaded = lookup(second, clip(0))
     assert torch.equal(loaded, codes) and second.disk_hits == 1
 
 
 def test_fingerprints_never_share_entries(tmp_path):
     get_codes(ReferenceCodeCache(tmp_path, fingerprint="codec-a"), CountingEncoder(), clip(0))
-    assert ReferenceCodeCache(tmp_path, fingerprint="codec-b").lookup(clip(0))[1] is None
-    assert ReferenceCodeCache(tmp_path, fingerprint="codec-a").lookup(clip(0))[1] is not None
+    assert lookup(ReferenceCodeCache(tmp_path, fingerprint="codec-b"), clip(0))[1] is None
+    assert lookup(ReferenceCodeCache(tmp_path, fingerprint="codec-a"), clip(0))[1] is not None
 
 
 @pytest.mark.parametrize("damage", [b"", b"not a torch file", b"PK\x03\x04broken zip"])
@@ -147,7 +153,7 @@ def test_unwritable_cache_dir_still_serves(tmp_path):
 
 def test_bad_encoder_output_is_an_error():
     cache = ReferenceCodeCache(cache_dir=None)
-    key, _ = cache.lookup(clip(0))
+    key, _ = lookup(cache, clip(0))
     with pytest.raises(ValueError, match="2-D integer tensor"):
         cache.put(key, torch.zeros(10, 3))
 
