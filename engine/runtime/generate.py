@@ -20,6 +20,11 @@ from ..model.dual_ar import DualARTransformer, TokenLayout, call_block, embed_an
 from .kv_cache import KVCache
 from .sampling import REPETITION_WINDOW, SamplingTensors, noise_counter, sample
 
+try:  # the compiled step's sampler: one kernel per codebook
+    from . import sampling_kernel
+except ImportError:  # no Triton (or a broken one, as engine.compilation treats it): Inductor compiles sample()
+    sampling_kernel = None
+
 
 @dataclass
 class FrameHistory:
@@ -121,11 +126,30 @@ def sampling_inputs(history: FrameHistory, n_codebooks: int) -> tuple[Tensor, Te
     return history.valid(), noise_counter(history.generated[:, None], codebooks)
 
 
+def _sampled_by_kernel(logits: Tensor, params: SamplingTensors, history: Tensor, valid: Tensor, counter: Tensor,
+                      embeddings: Tensor, id_begin: int, n_ids: int, extra_id: int) -> tuple[Tensor, Tensor, Tensor] | None:
+    """sampling_kernel.sample_rows's (ids, codes, embeddings (B, 1, dim)) in a compiled CUDA step of
+    more than one row (sample() and the bookkeeping around it in one kernel), else None: the caller
+    runs the plain ops, which Inductor compiles faster for one row (see sampling_kernel)."""
+    if sampling_kernel is None or logits.shape[0] == 1 or not (logits.is_cuda and torch.compiler.is_compiling()) \
+            or not sampling_kernel.supports(logits.shape[-1]):
+        return None
+    ids, codes, embedded = sampling_kernel.sample_rows(
+        logits, history, valid, params.temperature, params.top_p, params.repetition_penalty, params.noise_key,
+        counter, embeddings, id_begin, n_ids, extra_id)
+    return ids, codes, embedded.unsqueeze(1)
+
+
 def sample_first_code(head, logits: Tensor, params: SamplingTensors, history: Tensor, valid: Tensor,
                       counter: Tensor, embeddings: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """Codebook 0 from the slow head's logits: the sampled tokens (B,), their codes (B,) and the codes'
     fast embeddings (B, 1, dim), the input of fast position 1. history (B, W): the tokens before.
     One unit, so that a compiled step does the head's bookkeeping in its sampling kernels."""
+    if isinstance(head, SemanticHead):  # index i is token begin + i, index n_semantic is <|im_end|>
+        by_kernel = _sampled_by_kernel(logits, params, history, valid, counter, embeddings,
+                                       head.begin, head.n_semantic, head.im_end)
+        if by_kernel is not None:
+            return by_kernel
     seen, known = head.index_of(history)
     tokens = head.token_of(sample(logits, params, seen, valid & known, counter))
     codes = semantic_code(tokens, head.model.layout)
@@ -136,6 +160,10 @@ def sample_and_embed(logits: Tensor, params: SamplingTensors, history: Tensor, v
                      embeddings: Tensor) -> tuple[Tensor, Tensor]:
     """A fast codebook's sampled codes (B,) and their embeddings (B, 1, dim), the next fast position's
     input: one unit, so that a compiled step gathers the embeddings in its sampling kernels' region."""
+    by_kernel = _sampled_by_kernel(logits, params, history, valid, counter, embeddings, 0, logits.shape[-1], -1)
+    if by_kernel is not None:
+        codes, _, embedded = by_kernel
+        return codes, embedded
     codes = sample(logits, params, history, valid, counter)
     return codes, F.embedding(codes, embeddings).unsqueeze(1)
 
