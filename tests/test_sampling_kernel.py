@@ -15,21 +15,23 @@ WINDOW = 16
 
 def _inputs(rows: int, width: int, seed: int):
     """Logits with many exact ties (bf16, and whole numbers in some rows), histories, and per-row
-    parameters covering top_p 0 and 1, no penalty, and temperatures from 0 (clamped) to 1.5."""
+    parameters covering top_p 0 and 1, no penalty, and temperatures from 0 (clamped) to 1.5. The
+    history and the counters are strided views, as the step passes one codebook's of several."""
     gen = torch.Generator().manual_seed(seed)
     logits = (torch.randn(rows, width, generator=gen) * 3).bfloat16()
     logits[: rows // 8] = torch.randn(rows // 8, width, generator=gen).round().bfloat16()
-    history = torch.randint(0, width, (rows, WINDOW), generator=gen)
+    history = torch.randint(0, width, (rows, 3, WINDOW), generator=gen).cuda()[:, 1]
     valid = torch.rand(rows, WINDOW, generator=gen) < 0.7
     top_p = torch.rand(rows, generator=gen)
     top_p[:4], top_p[4:8] = 1.0, 0.0
     temperature = torch.rand(rows, generator=gen) * 1.5
+    temperature[12:16] = 0.0
     penalty = 1 + torch.rand(rows, generator=gen)
     penalty[8:12] = 1.0
     keys = torch.randint(0, 2**40, (rows,), generator=gen)
     params = SamplingTensors.build(temperature.tolist(), top_p.tolist(), penalty.tolist(), keys.tolist(), "cuda")
-    counter = torch.randint(0, 2**30, (rows,), generator=gen)
-    return logits.cuda(), history.cuda(), valid.cuda(), params, counter.cuda()
+    counter = torch.randint(0, 2**30, (rows, 4), generator=gen).cuda()[:, 2]
+    return logits.cuda(), history, valid.cuda(), params, counter
 
 
 def _run(logits, history, valid, params, counter, embeddings, id_begin, n_ids, extra_id):
@@ -54,27 +56,44 @@ def test_the_kernel_samples_the_ids_of_the_plain_sampler(rows, width):
 
 def test_codebook_zero_ids_map_to_tokens_and_back():
     """Index i < n_ids is token id_begin + i, index n_ids is extra_id (<|im_end|>); the history
-    holds tokens, and ids of neither kind are never penalised: as SemanticHead and sample_first_code."""
+    holds tokens, and ids of neither kind are never penalised: as SemanticHead and sample_first_code.
+    Rows 16-47 favour <|im_end|> and hold it in their history (its penalty decides), rows 48-63 favour
+    it and hold the id just past the semantic ones, which must not penalise it."""
     rows, width, begin, extra = 128, 4097, 151_000, 150_000
     n_ids = width - 1
     logits, _, valid, params, counter = _inputs(rows, width, seed=7)
-    logits[:16, -1] = 30.0  # some rows choose <|im_end|>
+    logits[:16, -1] = 30.0
+    logits[16:64] = (torch.randn(48, width, device="cuda") + torch.nn.functional.one_hot(
+        torch.tensor(width - 1, device="cuda"), width) * 4).bfloat16()
+    params.repetition_penalty[16:64] = 3.0
+    params.temperature[16:64] = 0.5
     gen = torch.Generator().manual_seed(8)
     semantic = begin + torch.randint(0, n_ids, (rows, WINDOW), generator=gen)
-    other = torch.where(torch.rand(rows, WINDOW, generator=gen) < 0.5, extra, torch.randint(0, 3000, (rows, WINDOW)))
-    history = torch.where(torch.rand(rows, WINDOW, generator=gen) < 0.8, semantic, other).cuda()
+    other = torch.where(torch.rand(rows, WINDOW, generator=gen) < 0.5, extra,
+                        torch.randint(0, 3000, (rows, WINDOW), generator=gen))
+    history = torch.where(torch.rand(rows, WINDOW, generator=gen) < 0.8, semantic, other)
+    history[16:64, 1:] = semantic[16:64, 1:]
+    history[16:48, 0], history[48:64, 0] = extra, begin + n_ids
+    history, valid = history.cuda(), valid.clone()
+    valid[16:64, 0] = True
     embeddings = torch.randn(n_ids, 64, device="cuda").bfloat16()
 
     tokens, codes, embedded = _run(logits, history, valid, params, counter, embeddings, begin, n_ids, extra)
 
-    is_semantic = (history >= begin) & (history < begin + n_ids)
-    index = torch.where(is_semantic, history - begin, torch.full_like(history, n_ids))
-    chosen = sample(logits, params, index, valid & (is_semantic | (history == extra)), counter)
+    def plain(valid):
+        is_semantic = (history >= begin) & (history < begin + n_ids)
+        index = torch.where(is_semantic, history - begin, torch.full_like(history, n_ids))
+        return sample(logits, params, index, valid & (is_semantic | (history == extra)), counter)
+
+    chosen = plain(valid)
     named = chosen < n_ids
     assert torch.equal(tokens, torch.where(named, begin + chosen, torch.full_like(chosen, extra)))
     assert torch.equal(codes, torch.where(named, chosen, torch.zeros_like(chosen)))
     assert torch.equal(embedded, embeddings[codes])
-    assert 0 < int((~named).sum()) < rows
+    assert (~named[:16]).all() and (~named[48:64]).any()
+    unpenalised = valid.clone()
+    unpenalised[16:48, 0] = False
+    assert not torch.equal(plain(unpenalised)[16:48], chosen[16:48])  # the <|im_end|> penalty mattered
 
 
 def test_rows_are_independent_of_their_batch():

@@ -83,7 +83,7 @@ def apply_top_p(logits: Tensor, top_p: Tensor) -> Tensor:
     rank by index (a stable sort's order), so the kept set is well defined."""
     if torch.compiler.is_compiling() and logits.shape[0] == 1:
         remove = outside_nucleus_pairwise(logits, top_p)  # the compiled batch-1 step: no sort kernel
-    else:  # eager; compiled batched steps sample in sampling_kernel where Triton is there
+    else:  # eager, and compiled batched steps that sampling_kernel does not serve (no Triton, the full vocabulary)
         remove = outside_nucleus_sorted(logits, top_p)
     return logits.masked_fill(remove, float("-inf"))
 

@@ -20,10 +20,11 @@ the search's 32 passes each end in a reduction across the program: more than Ind
 one row (9 us a fast codebook, whose nucleus spreads over many programs), so the batch-1 step keeps
 those (generate._sampled_by_kernel; docs/PERFORMANCE.md has the measurements).
 
-Division, exp and log are the correctly rounded (libdevice) ones that PyTorch's CUDA kernels use,
-so probabilities equal the plain path's up to the order of the sums: the kept set and the winner
-can differ only where a cumulative probability lies within rounding of top_p or two noisy scores
-tie (tests/test_sampling_kernel.py compares the two). Importing this module needs Triton.
+Division is correctly rounded and exp and log are libdevice's, as in PyTorch's CUDA kernels, so
+probabilities equal the plain path's up to the order of the sums: the kept set and the winner
+can differ only where a cumulative probability lies within rounding of top_p (so at top_p = 1 the
+plain path's sums, which can pass 1, may drop a few of the least likely ids that this keeps) or two
+noisy scores tie (tests/test_sampling_kernel.py compares the two). Importing this module needs Triton.
 """
 
 from __future__ import annotations
@@ -144,12 +145,19 @@ def sample_rows(logits: Tensor, history: Tensor, valid: Tensor, temperature: Ten
     """logits (B, V) of the ids 0..V-1; history (B, W) ids as the caller records them, valid (B, W);
     temperature, top_p, repetition_penalty (B, 1) float32; noise_key, counter (B,) int64;
     embeddings (E, D). Index i stands for id id_begin + i while i < n_ids, and for extra_id after;
-    a history id is mapped back the same way (others are never penalised). Returns the chosen ids
-    (B,) int64, their codes (the index, or 0 for extra_id) and the codes' embedding rows (B, D)."""
+    a history id is mapped back the same way (others are never penalised; extra_id -1 names none, as
+    ids are never negative). Returns the chosen ids (B,) int64, their codes (the index, or 0 for
+    extra_id) and the codes' embedding rows (B, D).
+
+    The kernel reads history, valid and noise_key before it waits for the kernel before it (PDL), so
+    they are taken as they are (a copy made here would be that kernel): each row's entries adjacent."""
     batch, n_logits = logits.shape
     window, dim = history.shape[1], embeddings.shape[1]
     torch._check(n_logits <= MAX_IDS, lambda: f"sample_rows takes at most {MAX_IDS} logits a row")
     torch._check(window & (window - 1) == 0, lambda: "the history window must be a power of two")
+    torch._check(history.stride(1) == 1 and valid.stride(1) == 1 and noise_key.stride(0) == 1,
+                 lambda: "history and valid need adjacent entries in a row, noise_key adjacent rows")
+    torch._check(embeddings.shape[0] >= min(n_ids, n_logits), lambda: "a code would have no embedding row")
     for t in (temperature, top_p, repetition_penalty):
         torch._check(t.shape == (batch, 1) and t.stride() == temperature.stride(), lambda: "parameters differ in layout")
     tokens = torch.empty(batch, dtype=torch.int64, device=logits.device)
@@ -158,12 +166,11 @@ def sample_rows(logits: Tensor, history: Tensor, valid: Tensor, temperature: Ten
     if batch == 0:
         return tokens, codes, embedded
     logits, embeddings = logits if logits.stride(1) == 1 else logits.contiguous(), embeddings.contiguous()
-    history, valid = history if history.stride(1) == 1 else history.contiguous(), valid.contiguous()
     block_v = max(16, triton.next_power_of_2(n_logits))
     pdl = pdl_available(logits.device)
     _sample_rows[(batch,)](
         logits, logits.stride(0), history, history.stride(0), valid, valid.stride(0),
-        temperature, top_p, repetition_penalty, temperature.stride(0), noise_key.contiguous(), counter, counter.stride(0),
+        temperature, top_p, repetition_penalty, temperature.stride(0), noise_key, counter, counter.stride(0),
         embeddings, tokens, codes, embedded, n_logits, id_begin, n_ids, extra_id,
         WINDOW=window, DIM=dim, BLOCK_V=block_v, BLOCK_D=triton.next_power_of_2(dim),
         pdl=pdl, launch_pdl=pdl, num_warps=max(8, min(16, block_v // 512)))
