@@ -25,7 +25,7 @@ from .device import memory_gb, slots_that_fit
 from .errors import InputError
 from .loader import LoadedModels, load_models
 from .params import SamplingParams
-from .references import ReferenceCodeCache, VoiceStore, default_cache_dir, default_voices_dir
+from .references import DecodedClips, ReferenceCodeCache, VoiceStore, default_cache_dir, default_voices_dir
 from .runtime.kv_cache import bytes_per_slot
 from .runtime.worker import GPUWorker
 from .synthesis import AudioChunk, PreparedRequest, ReferenceClip, Synthesizer
@@ -77,6 +77,7 @@ class TTSEngine:
         self.models = models
         cache_dir = default_cache_dir(config.cache_dir)
         self.reference_cache = ReferenceCodeCache(cache_dir / "reference-codes", fingerprint=models.fingerprint)
+        self._decoded_clips = DecodedClips(self._decode_clip)
         self.policy = compilation.decide(config.compile, models.placement.device, compile_mode=config.compile_mode,
                                           quantize=config.quantize)
         if self.policy.compile:
@@ -253,8 +254,12 @@ class TTSEngine:
     def _load_reference(self, audio, transcript: str, label: str) -> ReferenceClip:
         if not isinstance(transcript, str) or not transcript.strip():
             raise InputError(f"{label} has no transcript: give the exact words spoken in the reference audio")
+        samples, key = self._decoded_clips.get(audio)
+        return ReferenceClip(samples, transcript.strip(), key)
+
+    def _decode_clip(self, audio) -> tuple[np.ndarray, str]:
         samples = load_audio(audio, max_seconds=self.config.max_reference_seconds)
-        return ReferenceClip(samples, transcript.strip(), self.reference_cache.key(samples))
+        return samples, self.reference_cache.key(samples)
 
     # ---- status -------------------------------------------------------------------------------
 

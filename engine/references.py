@@ -58,6 +58,64 @@ def content_hash(data: bytes | bytearray | memoryview | np.ndarray) -> str:
     return digest.hexdigest()
 
 
+# ---- decoded clips -----------------------------------------------------------------------------
+
+
+class DecodedClips:
+    """Reference clips decoded before, by where they came from: a clip sent again (API clients send
+    their reference with every request) or a saved voice used again is neither decoded nor hashed
+    again. `decode(source)` gives (samples, key) for a source load_audio reads; file bytes are known
+    by their sha256 (hashlib releases the GIL on large inputs; decoding does not), a file by its
+    path, size and modification time, so that a file written again is decoded again. Arrays
+    (Gradio's recordings) are decoded every time. Keeps at most `max_bytes` of samples, least
+    recently used dropped first; the samples handed out are read-only, as several requests share
+    them. Failed decodes are not kept. Safe to call from several threads."""
+
+    def __init__(self, decode, max_bytes: int = 256 << 20):
+        self._decode = decode
+        self._max_bytes = max_bytes
+        self._items: OrderedDict[str, tuple[np.ndarray, str]] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+        self.hits = 0
+
+    def get(self, source: AudioSource) -> tuple[np.ndarray, str]:
+        known_as = _source_id(source)
+        if known_as is not None:
+            with self._lock:
+                item = self._items.get(known_as)
+                if item is not None:
+                    self._items.move_to_end(known_as)
+                    self.hits += 1
+                    return item
+        samples, key = self._decode(source)
+        samples.setflags(write=False)
+        if known_as is not None and samples.nbytes <= self._max_bytes:
+            with self._lock:
+                if known_as not in self._items:
+                    self._items[known_as] = (samples, key)
+                    self._bytes += samples.nbytes
+                while self._bytes > self._max_bytes:
+                    _, (dropped, _) = self._items.popitem(last=False)
+                    self._bytes -= dropped.nbytes
+        return samples, key
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
+def _source_id(source: AudioSource) -> str | None:
+    if isinstance(source, (bytes, bytearray, memoryview)):
+        return "bytes " + content_hash(source)
+    if isinstance(source, (str, os.PathLike)):
+        try:
+            stat = os.stat(source)
+        except OSError:  # load_audio says what is wrong with the path
+            return None
+        return f"file {os.path.abspath(source)} {stat.st_size} {stat.st_mtime_ns}"
+    return None
+
+
 # ---- codes cache -------------------------------------------------------------------------------
 
 

@@ -221,7 +221,7 @@ def test_voice_prompts_are_kept_by_clip_and_transcript_up_to_a_bound(engine, mon
 def test_voice_clone_and_saved_voice(engine, speech):
     transcript = "The quick brown fox jumps over the lazy dog. This is a short reference clip."
     ref = ReferenceInput(speech.wav().read_bytes(), transcript)
-    before = engine.reference_cache.stats()
+    before, decoded_before = engine.reference_cache.stats(), engine._decoded_clips.hits
     cloned = engine.synthesize("Cloned.", references=[ref], params=FAST)
     assert len(cloned.audio) > 0
     after = engine.reference_cache.stats()
@@ -229,6 +229,7 @@ def test_voice_clone_and_saved_voice(engine, speech):
     engine.synthesize("Cloned again.", references=[ref], params=FAST)  # the voice's prompt was kept: no lookup
     again = engine.reference_cache.stats()
     assert again["misses"] == after["misses"] and again["memory_hits"] == after["memory_hits"]
+    assert engine._decoded_clips.hits == decoded_before + 1  # the same bytes again: not decoded again
     retold = ReferenceInput(ref.audio, transcript + " Told again.")  # another prompt, the clip's codes kept
     engine.synthesize("Cloned once more.", references=[retold], params=FAST)
     last = engine.reference_cache.stats()
@@ -238,6 +239,9 @@ def test_voice_clone_and_saved_voice(engine, speech):
     engine.voices.add("fox", speech.variant("flac"), transcript)
     saved = engine.synthesize("Saved voice.", voice="fox", params=FAST)
     assert len(saved.audio) > 0
+    hits = engine._decoded_clips.hits
+    engine.synthesize("Saved voice again.", voice="fox", params=FAST)
+    assert engine._decoded_clips.hits == hits + 1  # the voice's file unchanged: not decoded again
 
 
 @pytest.mark.parametrize("exact", [False, True])

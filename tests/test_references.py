@@ -13,6 +13,7 @@ from engine.audio import SAMPLE_RATE, load_audio
 from engine.errors import InputError, VoiceExistsError, VoiceNotFoundError
 from engine.references import (
     APP_NAME,
+    DecodedClips,
     ReferenceCodeCache,
     VoiceStore,
     content_hash,
@@ -355,3 +356,88 @@ def test_default_dirs_follow_xdg_variables(monkeypatch, tmp_path):
 def test_default_dirs_can_be_overridden(tmp_path):
     assert default_cache_dir(tmp_path / "c") == tmp_path / "c"
     assert default_voices_dir(str(tmp_path / "v")) == tmp_path / "v"
+
+
+# ---- decoded clips ----------------------------------------------------------------------------
+
+
+class CountingDecoder:
+    """load_audio plus a key, counting its calls (DecodedClips' decode)."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def __call__(self, source):
+        self.calls += 1
+        samples = load_audio(source)
+        return samples, content_hash(samples)
+
+
+def wav_bytes(samples: np.ndarray) -> bytes:
+    import io
+
+    buffer = io.BytesIO()
+    sf.write(buffer, samples, SAMPLE_RATE, format="WAV", subtype="FLOAT")
+    return buffer.getvalue()
+
+
+def test_the_same_bytes_are_decoded_once():
+    decode = CountingDecoder()
+    clips = DecodedClips(decode)
+    data = wav_bytes(clip(1))
+    first, key = clips.get(data)
+    again, key_again = clips.get(bytes(data))  # equal bytes, another object: known by content
+    assert decode.calls == 1 and clips.hits == 1
+    assert again is first and key_again == key == content_hash(load_audio(data))
+    with pytest.raises(ValueError):  # shared between requests: nobody may change them
+        first[0] = 0.0
+    clips.get(wav_bytes(clip(2)))
+    assert decode.calls == 2
+
+
+def test_a_file_written_again_is_decoded_again(tmp_path):
+    import os
+
+    decode = CountingDecoder()
+    clips = DecodedClips(decode)
+    path = tmp_path / "voice.wav"
+    sf.write(path, clip(1), SAMPLE_RATE, subtype="FLOAT")
+    first, key = clips.get(path)
+    assert clips.get(str(path))[1] == key and decode.calls == 1
+    sf.write(path, clip(2), SAMPLE_RATE, subtype="FLOAT")  # same size: the modification time tells
+    stat = os.stat(path)
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000))
+    changed, changed_key = clips.get(path)
+    assert decode.calls == 2 and changed_key != key
+    assert np.array_equal(changed, load_audio(path))
+
+
+def test_arrays_and_failures_are_not_kept():
+    decode = CountingDecoder()
+    clips = DecodedClips(decode)
+    recording = (SAMPLE_RATE, clip(3))
+    clips.get(recording)
+    clips.get(recording)
+    assert decode.calls == 2 and len(clips) == 0
+    broken = b"RIFF not really a wav file" * 20
+    for _ in range(2):
+        with pytest.raises(InputError):
+            clips.get(broken)
+    assert decode.calls == 4 and len(clips) == 0
+
+
+def test_decoded_clips_keep_at_most_max_bytes():
+    decode = CountingDecoder()
+    one = clip(1).nbytes
+    clips = DecodedClips(decode, max_bytes=2 * one)
+    sources = [wav_bytes(clip(seed)) for seed in range(3)]
+    for data in sources:
+        clips.get(data)
+    assert len(clips) == 2
+    clips.get(sources[2])  # kept: the newest
+    assert decode.calls == 3
+    clips.get(sources[0])  # dropped: the oldest
+    assert decode.calls == 4
+    too_big = DecodedClips(CountingDecoder(), max_bytes=one - 1)
+    too_big.get(sources[0])
+    assert len(too_big) == 0

@@ -91,7 +91,7 @@ class ReferenceEncoder:
         frames = -(-len(samples) // frame_length)
         if frames == 0:
             raise ValueError("a reference clip needs at least one sample")
-        host = torch.from_numpy(np.ascontiguousarray(samples, dtype=np.float32))
+        host = torch.from_numpy(np.require(samples, np.float32, ["C", "W"]))  # shared clips are read-only: copied then
         if self._stream is None or frames > self.max_frames:
             return EncodeHandle(self._encode(host.to(self.device), frames).cpu()[0, :, :frames])
         self._stream.wait_stream(torch.cuda.current_stream(self.device))
