@@ -15,22 +15,17 @@ rest use the model's own voice; each level also reports its percentiles per kind
 real-time factor (wall time / audio duration), audio seconds, underrun (how long a listener who
 starts playing at the first audio would wait for more), and the error if any (429 answers are
 counted as rejected). Per level: audio-seconds per second overall and percentiles.
-
-The clients are coroutines on one event loop, as separate users would be: 64 client threads in
-one Python process took turns at its GIL and sent a burst's requests over ~100 ms more than the
-server took to read them (docs/PERFORMANCE.md).
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import base64
-import contextlib
 import io
 import json
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -100,12 +95,10 @@ class RequestFailed(Exception):
 
 
 class ServerTarget:
-    """The running server, over HTTP: set-up calls on `client`, streams on an async client of the
-    same server that `opened()` holds for one event loop."""
+    """The running server, over HTTP."""
 
-    def __init__(self, client, connections: int):
-        self.client, self.connections = client, connections
-        self._streams = None
+    def __init__(self, client):
+        self.client = client
 
     def add_voice(self, voice: str, clip: bytes, transcript: str) -> None:
         self.client.delete("/v1/references/delete", params={"reference_id": voice})  # a rerun starts clean
@@ -114,26 +107,13 @@ class ServerTarget:
         if response.status_code != 200:
             raise SystemExit(f"could not save voice {voice}: {response.status_code} {response.text[:300]}")
 
-    @contextlib.asynccontextmanager
-    async def opened(self):
-        import httpx
-
-        async with httpx.AsyncClient(base_url=self.client.base_url, headers=self.client.headers, timeout=600,
-                                     limits=httpx.Limits(max_connections=self.connections)) as streams:
-            self._streams = streams
-            try:
-                yield
-            finally:
-                self._streams = None
-
-    async def stream(self, body: bytes):
+    def stream(self, body: bytes):
         """Seconds of audio in each read of the streamed answer."""
-        async with self._streams.stream("POST", "/v1/tts", content=body,
-                                        headers={"Content-Type": "application/json"}) as response:
+        with self.client.stream("POST", "/v1/tts", content=body, headers={"Content-Type": "application/json"}) as response:
             if response.status_code != 200:
-                raise RequestFailed(response.status_code, (await response.aread()).decode(errors="replace")[:200])
+                raise RequestFailed(response.status_code, response.read().decode(errors="replace")[:200])
             rate = int(response.headers.get("x-sample-rate", 44100))
-            async for piece in response.aiter_bytes():
+            for piece in response.iter_bytes():
                 if piece:
                     yield len(piece) / 2 / rate
 
@@ -149,18 +129,7 @@ class EngineTarget:
             self.engine.voices.delete(voice)
         self.engine.voices.add(voice, clip, transcript)
 
-    def opened(self):
-        return contextlib.nullcontext()
-
-    async def stream(self, body: bytes):
-        """Each chunk's seconds of audio; the engine's generator runs on a thread of its own, as the
-        server runs it."""
-        from app.bridge import iterate_in_thread
-
-        async for seconds in iterate_in_thread(lambda: self._chunks(body)):
-            yield seconds
-
-    def _chunks(self, body: bytes):
+    def stream(self, body: bytes):
         from app.api_schema import TTSRequest
         from app.body import validate
         from app.errors import problem_for
@@ -177,12 +146,12 @@ class EngineTarget:
             raise RequestFailed(problem.status, problem.message) from exc
 
 
-async def one_request(target, n: int, body: bytes) -> dict:
+def one_request(target, n: int, body: bytes) -> dict:
     """body: encoded_body(n, ...), made before the clock starts (a client has its clip ready; made
     here, 64 threads synthesising and encoding 1.2 MB clips at once delayed their own requests)."""
     started, arrivals = time.perf_counter(), []
     try:
-        async for seconds in target.stream(body):
+        for seconds in target.stream(body):
             arrivals.append((time.perf_counter(), seconds))
     except RequestFailed as exc:
         return {"n": n, "status": exc.status, "error": exc.message}
@@ -193,27 +162,18 @@ async def one_request(target, n: int, body: bytes) -> dict:
     return {"n": n, "status": 200, **stream_record(started, arrivals), "arrivals": timeline}
 
 
-def run_requests(target, numbers: list[list[int]], args) -> tuple[list[dict], float]:
-    """Each list of request numbers sent back to back by one client, all clients at once: (records,
-    wall seconds from the first request to the last answer's end)."""
-    bodies = {n: encoded_body(n, args) for ns in numbers for n in ns}
-
-    async def client_loop(ns):
-        return [await one_request(target, n, bodies[n]) for n in ns]
-
-    async def everyone():
-        async with target.opened():
-            started = time.perf_counter()
-            batches = await asyncio.gather(*(client_loop(ns) for ns in numbers))
-            return [r for batch in batches for r in batch], time.perf_counter() - started
-
-    return asyncio.run(everyone())
-
-
 def run_level(target, clients: int, args, offset: int) -> dict:
     numbers = [[offset + index * args.requests_per_client + r for r in range(args.requests_per_client)]
                for index in range(clients)]
-    records, wall = run_requests(target, numbers, args)
+    bodies = {n: encoded_body(n, args) for ns in numbers for n in ns}
+
+    def client_loop(index):
+        return [one_request(target, n, bodies[n]) for n in numbers[index]]
+
+    started = time.perf_counter()
+    with ThreadPoolExecutor(clients) as pool:
+        records = [r for batch in pool.map(client_loop, range(clients)) for r in batch]
+    wall = time.perf_counter() - started
     ok = [r for r in records if r["status"] == 200 and r["audio_s"]]
     return {"streams": clients, "requests": len(records), "ok": len(ok),
             "rejected": sum(r["status"] == 429 for r in records),
@@ -321,12 +281,13 @@ def run_against_server(args, levels: list[int]) -> list[dict]:
     import httpx
 
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
-    with httpx.Client(base_url=args.url, headers=headers, timeout=600) as client:  # set-up calls; streams: opened()
+    limits = httpx.Limits(max_connections=max(levels) + 4)
+    with httpx.Client(base_url=args.url, headers=headers, timeout=600, limits=limits) as client:
         ready = client.get("/ready")
         if ready.status_code != 200:
             raise SystemExit(f"{args.url} is not ready ({ready.status_code}); start the server first")
         wait_for_all_slots(client)
-        return run_levels(ServerTarget(client, max(levels) + 4), args, levels)
+        return run_levels(ServerTarget(client), args, levels)
 
 
 def run_in_process(args, levels: list[int]) -> list[dict]:
@@ -350,7 +311,8 @@ def run_levels(target, args, levels: list[int]) -> list[dict]:
     add_shared_voices(target, args)
     # Warm: one request of each kind, both saved voices encoded once, as a running server would have.
     # Their numbers are not used again: every measured request has its own text and clip.
-    for warm in run_requests(target, [list(range(WARM_REQUESTS))], args)[0]:
+    for n in range(WARM_REQUESTS):
+        warm = one_request(target, n, encoded_body(n, args))
         if warm["status"] != 200:
             raise SystemExit(f"the warm-up request failed: {warm}")
     results, offset = [], WARM_REQUESTS

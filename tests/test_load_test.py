@@ -1,6 +1,5 @@
 """scripts/load_test.py against a real demo server: every level completes, the report is written."""
 
-import asyncio
 import json
 import sys
 from pathlib import Path
@@ -71,7 +70,7 @@ def test_an_in_process_request_the_api_would_refuse_gets_the_api_s_status():
         def synthesize_stream(self, *args, **kwargs):
             raise AssertionError("the request should have been refused before the engine")
 
-    record = asyncio.run(load_test.one_request(load_test.EngineTarget(Engine()), 7, b'{"text": "hi", "temperature": 5}'))
+    record = load_test.one_request(load_test.EngineTarget(Engine()), 7, b'{"text": "hi", "temperature": 5}')
     assert record["status"] == 422 and "temperature" in record["error"]
 
 
