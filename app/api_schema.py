@@ -7,6 +7,7 @@ sampling fields are checked again by engine.params.SamplingParams, which owns th
 
 from __future__ import annotations
 
+import base64
 import binascii
 from typing import Annotated, Literal
 
@@ -29,6 +30,10 @@ def _audio_bytes(value):
             raise ValueError("reference audio must be the file's bytes (base64-encoded in JSON)")
         try:
             return pybase64.b64decode(value, validate=True)  # SIMD: ~60x the standard library's (a 10 s clip: 3 ms)
+        except (binascii.Error, ValueError):
+            pass
+        try:  # what pybase64 refuses and the standard library accepts (extra trailing padding) stays accepted
+            return base64.b64decode(value, validate=True)
         except (binascii.Error, ValueError):
             raise ValueError("reference audio is not valid base64") from None
     return value

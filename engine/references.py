@@ -66,10 +66,11 @@ class DecodedClips:
     their reference with every request) or a saved voice used again is neither decoded nor hashed
     again. `decode(source)` gives (samples, key) for a source load_audio reads; file bytes are known
     by their sha256 (hashlib releases the GIL on large inputs; decoding does not), a file by its
-    path, size and modification time, so that a file written again is decoded again. Arrays
-    (Gradio's recordings) are decoded every time. Keeps at most `max_bytes` of samples, least
-    recently used dropped first; the samples handed out are read-only, as several requests share
-    them. Failed decodes are not kept. Safe to call from several threads."""
+    path, inode, size and modification and change times, so that a file written again is decoded
+    again (unless it changed while it was decoded). Arrays are decoded every time (the UI hands
+    uploads and recordings over as files). Keeps at most `max_bytes` of
+    samples, least recently used dropped first; the samples handed out are read-only, as several
+    requests share them. Failed decodes are not kept. Safe to call from several threads."""
 
     def __init__(self, decode, max_bytes: int = 256 << 20):
         self._decode = decode
@@ -90,6 +91,8 @@ class DecodedClips:
                     return item
         samples, key = self._decode(source)
         samples.setflags(write=False)
+        if known_as is not None and known_as.startswith("file ") and _source_id(source) != known_as:
+            known_as = None  # the file changed while it was read: which version was decoded is unknown
         if known_as is not None and samples.nbytes <= self._max_bytes:
             with self._lock:
                 if known_as not in self._items:
@@ -105,6 +108,8 @@ class DecodedClips:
 
 
 def _source_id(source: AudioSource) -> str | None:
+    if isinstance(source, memoryview) and not source.c_contiguous:
+        source = source.tobytes()  # hashlib reads contiguous buffers only
     if isinstance(source, (bytes, bytearray, memoryview)):
         return "bytes " + content_hash(source)
     if isinstance(source, (str, os.PathLike)):
@@ -112,7 +117,10 @@ def _source_id(source: AudioSource) -> str | None:
             stat = os.stat(source)
         except OSError:  # load_audio says what is wrong with the path
             return None
-        return f"file {os.path.abspath(source)} {stat.st_size} {stat.st_mtime_ns}"
+        # The inode and change time too: a voice deleted and saved again within a coarse mtime tick
+        # (FAT: 2 s) with a file of the same size must not get the old one's samples.
+        return (f"file {os.path.abspath(source)} {stat.st_dev} {stat.st_ino} {stat.st_size} {stat.st_mtime_ns} "
+                f"{stat.st_ctime_ns}")
     return None
 
 

@@ -15,6 +15,23 @@ from app.settings import AppSettings
 from engine.errors import CheckpointError, InputError, QueueFullError, VoiceExistsError, VoiceNotFoundError
 from engine.references import VoiceStore
 
+# ---- request bodies ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("tail", ["", "=", "=="])
+def test_inline_reference_base64_is_read_as_the_standard_library_reads_it(tail):
+    import base64
+
+    from app.api_schema import ReferenceAudio
+
+    audio = bytes(range(256)) * 3
+    encoded = base64.b64encode(audio).decode() + tail  # extra padding: accepted there, by pybase64 alone not
+    assert ReferenceAudio(audio=encoded, text="t").audio == audio
+    for broken in ("%" + encoded[1:], encoded[:100] + "\n" + encoded[100:]):  # refused there too
+        with pytest.raises(ValueError, match="not valid base64"):
+            ReferenceAudio(audio=broken, text="t")
+
+
 # ---- batch input -------------------------------------------------------------------------------
 
 

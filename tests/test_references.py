@@ -412,6 +412,45 @@ def test_a_file_written_again_is_decoded_again(tmp_path):
     assert np.array_equal(changed, load_audio(path))
 
 
+def test_a_file_replaced_with_the_same_size_and_mtime_is_decoded_again(tmp_path):
+    import os
+
+    decode = CountingDecoder()
+    clips = DecodedClips(decode)
+    path = tmp_path / "voice.wav"
+    sf.write(path, clip(1), SAMPLE_RATE, subtype="FLOAT")
+    stat = os.stat(path)
+    _, key = clips.get(path)
+    path.unlink()  # a voice deleted and saved again within one coarse mtime tick
+    sf.write(path, clip(2), SAMPLE_RATE, subtype="FLOAT")
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert os.stat(path).st_size == stat.st_size and os.stat(path).st_mtime_ns == stat.st_mtime_ns
+    assert clips.get(path)[1] != key and decode.calls == 2
+
+
+def test_a_file_that_changes_while_it_is_decoded_is_not_kept(tmp_path):
+    path = tmp_path / "voice.wav"
+    sf.write(path, clip(1), SAMPLE_RATE, subtype="FLOAT")
+
+    def decode_then_rewrite(source):  # another program writes the file meanwhile
+        decoded = load_audio(source)
+        sf.write(path, clip(2), SAMPLE_RATE, subtype="FLOAT")
+        return decoded, content_hash(decoded)
+
+    clips = DecodedClips(decode_then_rewrite)
+    clips.get(path)
+    assert len(clips) == 0
+
+
+def test_a_strided_memoryview_is_known_by_its_bytes():
+    decode = CountingDecoder()
+    clips = DecodedClips(lambda source: decode(bytes(source)))
+    data = wav_bytes(clip(1))
+    doubled = memoryview(bytes(b for byte in data for b in (byte, 0)))[::2]  # not contiguous
+    assert not doubled.c_contiguous and doubled.tobytes() == data
+    assert clips.get(doubled)[1] == clips.get(data)[1] and decode.calls == 1
+
+
 def test_arrays_and_failures_are_not_kept():
     decode = CountingDecoder()
     clips = DecodedClips(decode)
