@@ -317,7 +317,8 @@ def serve(config, plan: ServerPlan) -> int:
         "model ready in {:.1f} s: {} on {} ({}), compile: {}", time.perf_counter() - started,
         stats.get("model"), stats.get("device"), stats.get("precision"), stats.get("compile"),
     )
-    settings = AppSettings(api_key=plan.api_key, root_path=plan.root_path, ui_concurrency=engine.slots, ui=plan.ui)
+    settings = AppSettings(api_key=plan.api_key, root_path=plan.root_path, ui_concurrency=engine.slots, ui=plan.ui,
+                           stream_threads=engine.capacity)
     if plan.ui and not settings.stream_ui_audio:
         logger.warning("ffmpeg not found on PATH: the UI plays audio when complete instead of streaming it")
     app = create_app(engine, settings)

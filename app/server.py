@@ -17,6 +17,7 @@ from engine.errors import S1Error
 from . import openapi, routes_references, routes_system, routes_tts
 from .auth import UI_LOGIN_MESSAGE, ApiKeyGuard
 from .body import describe
+from .bridge import STREAM_THREADS
 from .errors import HTTPProblem, Problem, error_body, problem_for
 from .metrics import Metrics
 from .middleware import BodySizeLimit, RequestMetrics
@@ -28,6 +29,7 @@ OPENAI_PREFIX = "/v1/audio/"
 
 def create_app(engine, settings: AppSettings | None = None) -> FastAPI:
     settings = settings or AppSettings()
+    STREAM_THREADS.keep(settings.stream_threads)  # before requests come: starting threads then held them up
     metrics = Metrics()
     synth = Synthesizer(engine, metrics)
     guard = ApiKeyGuard(settings.api_key)

@@ -18,9 +18,14 @@ class AppSettings:
     stream_ui_audio: bool = field(default_factory=ffmpeg_available)
     title: str = "S1-mini Studio"
     ui: bool = True  # False: the REST API alone, without Gradio (launch.py --no-ui)
+    # Threads for streamed API responses started with the app (app/bridge.StreamThreads); launch.py
+    # asks for as many as the engine takes requests at once. More start when needed.
+    stream_threads: int = 0
 
     def __post_init__(self):
         if self.api_key is not None and not self.api_key.strip():
             raise ValueError("api_key must not be blank; leave it unset to disable auth")
         if min(self.max_batch_items, self.ui_concurrency, self.max_body_mb) < 1:
             raise ValueError("max_batch_items, ui_concurrency and max_body_mb must be at least 1")
+        if self.stream_threads < 0:
+            raise ValueError("stream_threads must not be negative")

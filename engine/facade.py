@@ -189,6 +189,11 @@ class TTSEngine:
         return time.perf_counter() - started
 
     @property
+    def capacity(self) -> int:
+        """Requests taken at once, running or waiting (slots + max_queue); beyond it QueueFullError."""
+        return self._worker.capacity
+
+    @property
     def slots_ready(self) -> int:
         """Sequences that can run at once now (reaches `slots` once every batch's graphs are captured)."""
         return min(self._synthesizer.runner.ready_slots, self.slots)
