@@ -27,9 +27,10 @@ class StreamThreads:
     other streams busy that took ~3.5 ms on the event loop per request, one after another, and a
     burst of 64 requests reached the engine over ~250-340 ms (docs/PERFORMANCE.md). Here a request's
     work goes to an idle thread through a queue; a thread is started only when none is idle, and
-    `keep(n)` starts n ahead (the server: as many as the engine takes requests at once). Daemon
-    threads, like the one-per-request threads before: a stream blocked in the engine never holds up
-    the process's exit.
+    `keep(n)` starts n ahead (the server: as many as the engine takes requests at once). Threads are
+    not retired: their number stays at the most works ever run at once (requests the engine refuses
+    as over capacity included, since it refuses them on their thread). Daemon threads, like the
+    one-per-request threads before: a stream blocked in the engine never holds up the process's exit.
     """
 
     def __init__(self, name: str = "engine-stream"):
@@ -43,26 +44,31 @@ class StreamThreads:
         with self._lock:
             claimed_idle = self._idle > 0
             self._idle -= claimed_idle
-        self._work.put(work)
         if not claimed_idle:
-            self._start()
+            self._start()  # raises before anything is queued: no orphan work, no idle thread counted
+        self._work.put(work)
 
     def keep(self, threads: int) -> None:
         """Start threads until at least `threads` exist, each idle."""
         with self._lock:
             missing = max(threads - self._threads, 0)
             self._idle += missing
-        for _ in range(missing):
-            self._start()
+        for started in range(missing):
+            try:
+                self._start()
+            except BaseException:
+                with self._lock:
+                    self._idle -= missing - started
+                raise
 
     @property
     def threads(self) -> int:
         return self._threads
 
     def _start(self) -> None:
+        threading.Thread(target=self._serve, name=self._name, daemon=True).start()
         with self._lock:
             self._threads += 1
-        threading.Thread(target=self._serve, name=self._name, daemon=True).start()
 
     def _serve(self) -> None:
         while True:
@@ -71,6 +77,7 @@ class StreamThreads:
                 work()
             except BaseException:  # iterate_in_thread's work hands its errors to the reader; anything else is a bug
                 log.exception("a stream thread's work failed")
+            work = None  # an idle thread must not keep its last request (voice, unread chunks, loop) alive
             with self._lock:
                 self._idle += 1
 
