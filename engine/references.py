@@ -68,9 +68,9 @@ class DecodedClips:
     by their sha256 (hashlib releases the GIL on large inputs; decoding does not), a file by its
     path, inode, size and modification and change times, so that a file written again is decoded
     again (unless it changed while it was decoded). Arrays are decoded every time (the UI hands
-    uploads and recordings over as files). Keeps at most `max_bytes` of
-    samples, least recently used dropped first; the samples handed out are read-only, as several
-    requests share them. Failed decodes are not kept. Safe to call from several threads."""
+    uploads and recordings over as files). Keeps at most `max_bytes` of samples, least recently used
+    dropped first; the samples handed out are read-only, as several requests share them. Failed
+    decodes are not kept. Safe to call from several threads."""
 
     def __init__(self, decode, max_bytes: int = 256 << 20):
         self._decode = decode
@@ -91,7 +91,7 @@ class DecodedClips:
                     return item
         samples, key = self._decode(source)
         samples.setflags(write=False)
-        if known_as is not None and known_as.startswith("file ") and _source_id(source) != known_as:
+        if known_as is not None and isinstance(source, (str, os.PathLike)) and _source_id(source) != known_as:
             known_as = None  # the file changed while it was read: which version was decoded is unknown
         if known_as is not None and samples.nbytes <= self._max_bytes:
             with self._lock:
