@@ -5,7 +5,7 @@ Encoding itself lives in engine.audio; this module only picks headers and the st
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 
 import numpy as np
 from starlette.responses import Response, StreamingResponse
@@ -45,11 +45,25 @@ def audio_response(samples: np.ndarray, sample_rate: int, fmt: str) -> Response:
     )
 
 
-def streaming_audio_response(chunks: AsyncIterator[np.ndarray], sample_rate: int, fmt: str) -> StreamingResponse:
+def pcm16_chunks(chunks: Iterator[np.ndarray]) -> Iterator[bytes]:
+    """Each float chunk as 16-bit PCM bytes, converted on the thread that reads the engine rather than
+    on the event loop, which every stream's bytes and every request's body pass through. Closing this
+    closes `chunks` (that cancels the request in the engine)."""
+    try:
+        for chunk in chunks:
+            yield to_pcm16_bytes(chunk)
+    finally:
+        close = getattr(chunks, "close", None)
+        if close is not None:
+            close()
+
+
+def streaming_audio_response(chunks: AsyncIterator[bytes], sample_rate: int, fmt: str) -> StreamingResponse:
+    """chunks: PCM bytes (pcm16_chunks)."""
     async def body():
         if fmt == "wav":
             yield wav_stream_header(sample_rate)
         async for chunk in chunks:
-            yield to_pcm16_bytes(chunk)
+            yield chunk
 
     return StreamingResponse(body(), media_type=MIME_TYPES[fmt], headers=_headers(fmt, sample_rate))

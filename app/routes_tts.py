@@ -18,7 +18,7 @@ from engine.facade import SynthesisResult
 from engine.params import SamplingParams
 
 from .api_schema import BatchTTSRequest, SpeechRequest, TTSRequest
-from .audio_out import audio_response, check_streamable, streaming_audio_response
+from .audio_out import audio_response, check_streamable, pcm16_chunks, streaming_audio_response
 from .body import BODY_TYPES, JSON, MSGPACK, read_body
 from .bridge import iterate_in_thread
 from .errors import HTTPProblem, problem_for
@@ -64,7 +64,7 @@ def build_router(synth: Synthesizer, settings: AppSettings) -> APIRouter:
             return audio_response(result.audio, result.sample_rate, fmt)
         check_streamable(fmt)
         stats = StreamStats(synth.sample_rate)
-        chunks = await _first_then_rest(iterate_in_thread(lambda: synth.stream(text, voice, params, stats)))
+        chunks = await _first_then_rest(iterate_in_thread(lambda: pcm16_chunks(synth.stream(text, voice, params, stats))))
         return streaming_audio_response(chunks, synth.sample_rate, fmt)
 
     @router.post(

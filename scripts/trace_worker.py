@@ -41,7 +41,7 @@ TIMED = [
     ("engine.runtime.scheduler", "_Snapshot", "wait", "frame_counts_wait", None),
     ("engine.runtime.step_runner", "StepRunner", "prefill_many", "prefill_many", lambda s, a: len(a[0])),
     ("engine.runtime.step_runner", "StepRunner", "prefill", "prefill", None),
-    ("engine.runtime.prefix_cache", "PrefixCache", "load", "prefix_load", None),
+    ("engine.runtime.prefix_cache", "PrefixCache", "place", "prefix_place", lambda s, a: len(a[0])),
     ("engine.runtime.codec_runner", "CodecRunner", "submit", "codec_submit", lambda s, a: len(a[0])),
     ("engine.runtime.codec_runner", "CodecRunner", "completed", "codec_completed", None),
     ("engine.facade", "TTSEngine", "_prepare", "request_prepare", None),

@@ -156,3 +156,25 @@ def test_system_tab_says_while_larger_batches_are_still_being_captured(tmp_path)
     assert "1 of 64 at once" in system_text(True)
     assert "2 so far, while the larger batches' graphs are captured" in system_text(True)
     assert "2 only: capturing a larger batch's graphs failed (see the log)" in system_text(False)
+
+
+def test_pcm16_chunks_converts_each_chunk_and_closing_it_closes_the_engine_stream():
+    import numpy as np
+
+    from app.audio_out import pcm16_chunks
+    from engine.audio import to_pcm16_bytes
+
+    closed = []
+
+    def engine_stream():
+        try:
+            for value in (0.25, -0.5, 0.75):
+                yield np.full(3, value, dtype=np.float32)
+        finally:
+            closed.append(True)
+
+    chunks = pcm16_chunks(engine_stream())
+    assert next(chunks) == to_pcm16_bytes(np.full(3, 0.25, dtype=np.float32))
+    chunks.close()  # the listener went away after the first chunk
+    assert closed == [True]
+    assert list(pcm16_chunks(iter([np.zeros(2, dtype=np.float32)]))) == [b"\x00" * 4]  # no close(): fine

@@ -223,8 +223,10 @@ def test_other_formats_without_ffmpeg(clips, monkeypatch):
 
 
 def test_int16_conversion_clips_and_zeroes_nan():
-    pcm = to_int16(np.array([0.0, 0.5, 1.0, 1.5, -1.0, -3.0, np.nan], dtype=np.float32))
-    assert pcm.tolist() == [0, 16384, 32767, 32767, -32767, -32767, 0]
+    pcm = to_int16(np.array([0.0, 0.5, 1.0, 1.5, -1.0, -3.0, np.nan, np.inf, -np.inf, -np.nan], dtype=np.float32))
+    assert pcm.tolist() == [0, 16384, 32767, 32767, -32767, -32767, 0, 32767, -32767, 0]
+    halves = np.array([[0.5, 1.5, 2.5, -2.5]]) / 32767  # float64, 2-D: flattened, float32 ties to even
+    assert to_int16(halves).tolist() == np.rint(halves.astype(np.float32) * np.float32(32767)).astype(int).ravel().tolist()
     assert to_pcm16_bytes(np.array([1.0, -1.0])) == b"\xff\x7f\x01\x80"
 
 

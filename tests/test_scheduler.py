@@ -114,6 +114,47 @@ def test_prefix_cache_evicts_to_its_budget(model, specs):
     assert cache.stats()["hits"] == 0  # voice A was evicted by voice B before it came back
 
 
+def test_a_stored_prefix_is_placed_even_if_the_same_admission_evicts_it(model, specs):
+    """Admitted together: voice A's second sequence finds A stored, then voice B's first prefills B
+    and stores it, which evicts A (budget: one prefix) before the admission places A's copy."""
+    c = model.config
+    one_position = 2 * c.n_layer * c.n_local_heads * c.head_dim * 4
+    budget = one_position * max(specs[0].prefix_length, specs[2].prefix_length)
+    scheduler = scheduler_for(model, 2, prefix_bytes=budget)
+    scheduler.submit(specs[0], Collector())
+    run_until_idle(scheduler)
+    scheduler.runner.cache.k.zero_()  # only a placed copy can bring voice A's prefix back to a slot
+    scheduler.runner.cache.v.zero_()
+    hit, miss = Collector(), Collector()
+    scheduler.submit(specs[1], hit)
+    scheduler.submit(specs[2], miss)
+    run_until_idle(scheduler)
+    cache = scheduler.prefix_cache
+    assert cache.stats()["hits"] == 1 and len(cache) == 1  # A served once, then evicted by B
+    for owner, spec in ((hit, specs[1]), (miss, specs[2])):
+        assert owner.error is None and torch.equal(owner.codes, alone(model, spec).codes)
+
+
+def test_placing_several_prefixes_in_one_call_equals_copying_each(model, specs):
+    c = model.config
+    cache = KVCache(c.n_layer, 3, c.n_local_heads, CAPACITY, c.head_dim, torch.float32, "cpu")
+    prefixes = PrefixCache(cache, 1 << 30)
+    stored = []
+    for slot, length in ((0, 7), (1, 12)):
+        cache.k[:, slot].normal_()
+        cache.v[:, slot].normal_()
+        prefixes.store(f"voice {slot}", slot, length)
+        stored.append(prefixes.get(f"voice {slot}", length))
+    assert prefixes.get("voice 1", 7) is None  # another length is another prefix
+    expected_k, expected_v = cache.k.clone(), cache.v.clone()
+    for (k, v), slot in ((stored[0], 2), (stored[1], 0)):
+        expected_k[:, slot, :, :k.shape[2]] = k
+        expected_v[:, slot, :, :v.shape[2]] = v
+    prefixes.place([(stored[0], 2), (stored[1], 0)])
+    assert torch.equal(cache.k, expected_k) and torch.equal(cache.v, expected_v)
+    assert prefixes.stats()["hits"] == 2 and prefixes.stats()["misses"] == 1
+
+
 def test_cancelling_frees_the_slot_at_the_next_iteration(model, specs):
     scheduler = scheduler_for(model, 2)
     keep, drop, waiting = Collector(), Collector(), Collector()

@@ -127,15 +127,22 @@ class PrefillGraphs:
         n = _bucket(len(group), self.row_buckets)
         width = _bucket(max(row.width for row in group), self.column_buckets)
         staged, cache = self.staging, self.cache
+        # Copies of all rows in one call each way: every torch call releases the GIL and waits to
+        # take it back, up to milliseconds beside a busy event loop.
+        targets, sources = [], []
         for i, row in enumerate(group):
-            self.columns[i, :, :row.width].copy_(row.prompt[:, row.start:row.end])
+            targets.append(self.columns[i, :, :row.width])
+            sources.append(row.prompt[:, row.start:row.end])
             if row.start:
-                staged.k[:, i, :, :row.start].copy_(cache.k[:, row.slot, :, :row.start])
-                staged.v[:, i, :, :row.start].copy_(cache.v[:, row.slot, :, :row.start])
+                targets += [staged.k[:, i, :, :row.start], staged.v[:, i, :, :row.start]]
+                sources += [cache.k[:, row.slot, :, :row.start], cache.v[:, row.slot, :, :row.start]]
+        torch._foreach_copy_(targets, sources)
         # Rows of the bucket past the group start at 0 and prefill stale (valid) ids into staging.
         # From pageable memory without waiting: CUDA copies it to a staging buffer at once.
         self.starts[:n].copy_(torch.tensor([row.start for row in group] + [0] * (n - len(group))), non_blocking=True)
         self._graphs[(n, width)].replay()
+        targets, sources = [], []
         for i, row in enumerate(group):
-            cache.k[:, row.slot, :, row.start:row.end].copy_(staged.k[:, i, :, row.start:row.end])
-            cache.v[:, row.slot, :, row.start:row.end].copy_(staged.v[:, i, :, row.start:row.end])
+            targets += [cache.k[:, row.slot, :, row.start:row.end], cache.v[:, row.slot, :, row.start:row.end]]
+            sources += [staged.k[:, i, :, row.start:row.end], staged.v[:, i, :, row.start:row.end]]
+        torch._foreach_copy_(targets, sources)

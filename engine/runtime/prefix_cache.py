@@ -30,18 +30,29 @@ class PrefixCache:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def load(self, key: str, slot: int, length: int) -> bool:
-        """Copy the stored prefix `key` into positions 0..length-1 of `slot`; False if not stored."""
+    def get(self, key: str, length: int) -> tuple[Tensor, Tensor] | None:
+        """The stored prefix `key` of `length` positions (its keys and values), or None; counted as a
+        hit or a miss. A caller holding it can still place() it after a later store() evicts it."""
         entry = self._entries.get(key)
         if entry is None or entry[0].shape[2] != length:
             self.misses += 1
-            return False
+            return None
         self._entries.move_to_end(key)
-        k, v = entry
-        self.cache.k[:, slot, :, :length] = k
-        self.cache.v[:, slot, :, :length] = v
         self.hits += 1
-        return True
+        return entry
+
+    def place(self, rows: list[tuple[tuple[Tensor, Tensor], int]]) -> None:
+        """Copy each (entry from get(), slot) into positions 0.. of its slot, all in one call: each
+        torch call releases the GIL and waits to take it back, up to milliseconds beside a busy
+        event loop (docs/PERFORMANCE.md), and a burst's admission places 16 prefixes at once."""
+        if not rows:
+            return
+        targets, sources = [], []
+        for (k, v), slot in rows:
+            length = k.shape[2]
+            targets += [self.cache.k[:, slot, :, :length], self.cache.v[:, slot, :, :length]]
+            sources += [k, v]
+        torch._foreach_copy_(targets, sources)
 
     def store(self, key: str, slot: int, length: int) -> None:
         """Keep a copy of positions 0..length-1 of `slot` (just prefilled) under `key`."""

@@ -245,17 +245,20 @@ class Scheduler:
         self._deferred = 0
         free = sorted(set(range(self.n_slots)) - self._running.keys())
         admitted: list[_Running] = []
+        cached: list[tuple[tuple[Tensor, Tensor], _Running]] = []  # (stored prefix, sequence) to place
         while self._waiting and len(self._running) + len(admitted) < limit and len(admitted) < self.max_admit_per_step:
             spec, owner, front = self._waiting.popleft()
             seq = _Running(spec, owner, free[len(admitted)], spec.prompt.shape[1], 0, continues=front)
             try:
                 seq.budget = frame_budget(spec.prompt.shape[1], spec.max_new_tokens, self.runner.cache.capacity)
-                seq.text_start = self._prefill_prefix(seq.slot, spec)
+                seq.text_start, stored = self._voice_prefix(seq.slot, spec)
             except Exception as exc:  # this sequence's fault (or its prefill's): it alone fails
                 owner.fail(exc)
                 continue
             admitted.append(seq)
-        self._start(self._prefill_texts(admitted))
+            if stored is not None:
+                cached.append((stored, seq))
+        self._start(self._prefill_texts(self._place_prefixes(admitted, cached)))
 
     def _start(self, prefilled: list[_Running]) -> None:
         """Start the prefilled sequences' rows of the decode state, together; if that fails, each
@@ -291,20 +294,37 @@ class Scheduler:
                    for seq in self._running.values()
                    if seq.first_out is not None and not seq.continues and seq.emitted < RAMP_END)
 
-    def _prefill_prefix(self, slot: int, spec: SequenceSpec) -> int:
-        """Put the sequence's voice prefix in its slot when the prefix cache serves it; returns the
-        first prompt column still to prefill."""
+    def _voice_prefix(self, slot: int, spec: SequenceSpec) -> tuple[int, tuple[Tensor, Tensor] | None]:
+        """The first prompt column still to prefill, and the stored voice prefix to place in the
+        slot (None when there is none to place). A prefix the cache does not hold is prefilled in
+        the slot and stored at once, so that a later sequence of the same burst finds it."""
         prefix = spec.prefix_length
         usable = (self.prefix_cache is not None and spec.prefix_key is not None
                   and MIN_PREFIX <= prefix < spec.prompt.shape[1])
         if not usable:
-            return 0
+            return 0, None
         # The prefix is always prefilled on its own, hit or miss, so a sequence's KV (and so its
         # frames) does not depend on whether its voice was cached.
-        if not self.prefix_cache.load(spec.prefix_key, slot, prefix):
+        stored = self.prefix_cache.get(spec.prefix_key, prefix)
+        if stored is None:
             self.runner.prefill(slot, spec.prompt, 0, prefix)
             self.prefix_cache.store(spec.prefix_key, slot, prefix)
-        return prefix
+        return prefix, stored
+
+    def _place_prefixes(self, admitted: list[_Running], cached: list[tuple[tuple[Tensor, Tensor], _Running]]
+                        ) -> list[_Running]:
+        """Copy the stored prefixes into their sequences' slots, in one call; if that fails, the
+        sequences that needed one fail and the others go on."""
+        if not cached:
+            return admitted
+        try:
+            self.prefix_cache.place([(stored, seq.slot) for stored, seq in cached])
+            return admitted
+        except Exception as exc:
+            failed = {id(seq) for _, seq in cached}
+            for _, seq in cached:
+                seq.owner.fail(exc)
+            return [seq for seq in admitted if id(seq) not in failed]
 
     def _prefill_texts(self, admitted: list[_Running]) -> list[_Running]:
         """Prefill the rest of every admitted prompt, together; returns the sequences that can run.
