@@ -104,8 +104,8 @@ def test_profile_first_requests_times_each_phase_of_each_request(tmp_path):
     assert [r["kind"] for r in requests] == ["saved_voice", "inline_clip", "no_voice"]
     phases = [[name for name, _ in r["phases_ms"]] for r in requests]
     # A voice is encoded (a fresh cache dir), its prefix prefilled and stored, then the text prefilled.
-    assert phases[0] == ["encode_reference", "load", "prefill", "store", "prefill"]
-    assert phases[1] == ["encode_reference", "load", "prefill", "store", "prefill"]
+    assert phases[0] == ["encode_reference", "get", "prefill", "store", "prefill"]
+    assert phases[1] == ["encode_reference", "get", "prefill", "store", "prefill"]
     assert phases[2] == ["prefill"]
     assert run.stdout.count("Self CPU time total") == 1  # the first prefill after a prefix, profiled once
 

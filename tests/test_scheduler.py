@@ -135,6 +135,30 @@ def test_a_stored_prefix_is_placed_even_if_the_same_admission_evicts_it(model, s
         assert owner.error is None and torch.equal(owner.codes, alone(model, spec).codes)
 
 
+def test_a_prefix_copy_that_fails_fails_only_its_own_sequence(model, specs):
+    scheduler = scheduler_for(model, 3)
+    scheduler.max_admit_per_step = 3
+    for spec in (specs[0], specs[2]):  # store voices A and B
+        scheduler.submit(spec, Collector())
+        run_until_idle(scheduler)
+    place = scheduler.prefix_cache.place
+
+    def place_failing_in_slot_1(rows):
+        if any(slot == 1 for _, slot in rows):
+            raise RuntimeError("copy failed")
+        place(rows)
+
+    scheduler.prefix_cache.place = place_failing_in_slot_1
+    owners = [Collector() for _ in range(3)]
+    for spec, owner in zip((specs[1], specs[5], specs[3]), owners, strict=True):  # A, B, no voice
+        scheduler.submit(spec, owner)
+    run_until_idle(scheduler)
+    assert "copy failed" in str(owners[1].error)  # B's sequence, admitted second: slot 1
+    for k, owner in ((1, owners[0]), (3, owners[2])):
+        assert owner.error is None and torch.equal(owner.codes, alone(model, specs[k]).codes)
+    assert scheduler.free_slots == 3 and not scheduler.busy
+
+
 def test_placing_several_prefixes_in_one_call_equals_copying_each(model, specs):
     c = model.config
     cache = KVCache(c.n_layer, 3, c.n_local_heads, CAPACITY, c.head_dim, torch.float32, "cpu")

@@ -313,18 +313,23 @@ class Scheduler:
 
     def _place_prefixes(self, admitted: list[_Running], cached: list[tuple[tuple[Tensor, Tensor], _Running]]
                         ) -> list[_Running]:
-        """Copy the stored prefixes into their sequences' slots, in one call; if that fails, the
-        sequences that needed one fail and the others go on."""
+        """Copy the stored prefixes into their sequences' slots, in one call; if that fails, each
+        alone, so that only a sequence whose copy fails fails."""
         if not cached:
             return admitted
         try:
             self.prefix_cache.place([(stored, seq.slot) for stored, seq in cached])
             return admitted
         except Exception as exc:
-            failed = {id(seq) for _, seq in cached}
-            for _, seq in cached:
+            logger.warning("placing {} voice prefixes together failed ({}): placing them one at a time", len(cached), exc)
+        failed = set()
+        for stored, seq in cached:
+            try:
+                self.prefix_cache.place([(stored, seq.slot)])
+            except Exception as exc:
                 seq.owner.fail(exc)
-            return [seq for seq in admitted if id(seq) not in failed]
+                failed.add(id(seq))
+        return [seq for seq in admitted if id(seq) not in failed]
 
     def _prefill_texts(self, admitted: list[_Running]) -> list[_Running]:
         """Prefill the rest of every admitted prompt, together; returns the sequences that can run.
