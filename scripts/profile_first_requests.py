@@ -82,7 +82,8 @@ def main(argv=None) -> int:
 
     # The encode runs on a stream of its own; the device-wide synchronize times all of it.
     timed(synth.reference_encoder, "start", "encode_reference")
-    for owner, name in ((synth.runner, "prefill"), (synth.prefix_cache, "get"), (synth.prefix_cache, "place"), (synth.prefix_cache, "store")):
+    for owner, name in ((synth.runner, "prefill"), (synth.prefix_cache, "get"), (synth.prefix_cache, "place"),
+                        (synth.prefix_cache, "store")):
         timed(owner, name)
     if args.profile_text_prefill:
         profile_first_text_prefill(synth.runner)

@@ -245,44 +245,52 @@ class Scheduler:
         self._deferred = 0
         free = sorted(set(range(self.n_slots)) - self._running.keys())
         admitted: list[_Running] = []
-        cached: list[tuple[tuple[Tensor, Tensor], _Running]] = []  # (stored prefix, sequence) to place
+        stored: dict[int, tuple[Tensor, Tensor]] = {}  # by slot: the cached voice prefixes to place
         while self._waiting and len(self._running) + len(admitted) < limit and len(admitted) < self.max_admit_per_step:
             spec, owner, front = self._waiting.popleft()
             seq = _Running(spec, owner, free[len(admitted)], spec.prompt.shape[1], 0, continues=front)
             try:
                 seq.budget = frame_budget(spec.prompt.shape[1], spec.max_new_tokens, self.runner.cache.capacity)
-                seq.text_start, stored = self._voice_prefix(seq.slot, spec)
+                seq.text_start, prefix = self._voice_prefix(seq.slot, spec)
             except Exception as exc:  # this sequence's fault (or its prefill's): it alone fails
                 owner.fail(exc)
                 continue
             admitted.append(seq)
-            if stored is not None:
-                cached.append((stored, seq))
-        self._start(self._prefill_texts(self._place_prefixes(admitted, cached)))
+            if prefix is not None:
+                stored[seq.slot] = prefix
+        self._start(self._prefill_texts(self._place_prefixes(admitted, stored)))
 
     def _start(self, prefilled: list[_Running]) -> None:
-        """Start the prefilled sequences' rows of the decode state, together; if that fails, each
-        alone, so that only a faulty one fails."""
-        def row(seq: _Running):
-            spec = seq.spec
-            return (seq.slot, spec.prompt[:, -1], spec.prompt.shape[1] - 1, spec.temperature, spec.top_p,
-                    spec.repetition_penalty, spec.noise_key)
+        """Start the prefilled sequences' rows of the decode state, together (each alone if that fails)."""
+        def start(seqs: list[_Running]) -> None:
+            self.runner.state.start_many([(seq.slot, seq.spec.prompt[:, -1], seq.spec.prompt.shape[1] - 1,
+                                           seq.spec.temperature, seq.spec.top_p, seq.spec.repetition_penalty,
+                                           seq.spec.noise_key) for seq in seqs])
 
-        if not prefilled:
-            return
-        try:
-            self.runner.state.start_many([row(seq) for seq in prefilled])
-            started = prefilled
-        except Exception:
-            started = []
-            for seq in prefilled:
-                try:
-                    self.runner.state.start_many([row(seq)])
-                    started.append(seq)
-                except Exception as exc:
-                    seq.owner.fail(exc)
-        for seq in started:
+        for seq in self._together_or_alone(prefilled, start, "starting decode rows"):
             self._running[seq.slot] = seq
+
+    def _together_or_alone(self, seqs: list[_Running], call, what: str) -> list[_Running]:
+        """call(seqs) once; if it raises, call([seq]) for each (a lone sequence is not tried twice),
+        so that only a sequence whose own call fails fails. Returns the sequences that went through."""
+        if not seqs:
+            return []
+        try:
+            call(seqs)
+            return seqs
+        except Exception as exc:
+            if len(seqs) == 1:
+                seqs[0].owner.fail(exc)
+                return []
+            logger.warning("{} for {} sequences together failed ({}): one at a time", what, len(seqs), exc)
+        went_through = []
+        for seq in seqs:
+            try:
+                call([seq])
+                went_through.append(seq)
+            except Exception as exc:
+                seq.owner.fail(exc)
+        return went_through
 
     def _a_listener_is_short(self) -> bool:
         """Whether a stream in its ramp (handed out, not a request's next chunk) has less than
@@ -305,52 +313,28 @@ class Scheduler:
             return 0, None
         # The prefix is always prefilled on its own, hit or miss, so a sequence's KV (and so its
         # frames) does not depend on whether its voice was cached.
-        stored = self.prefix_cache.get(spec.prefix_key, prefix)
-        if stored is None:
+        cached = self.prefix_cache.get(spec.prefix_key, prefix)
+        if cached is None:
             self.runner.prefill(slot, spec.prompt, 0, prefix)
             self.prefix_cache.store(spec.prefix_key, slot, prefix)
-        return prefix, stored
+        return prefix, cached
 
-    def _place_prefixes(self, admitted: list[_Running], cached: list[tuple[tuple[Tensor, Tensor], _Running]]
-                        ) -> list[_Running]:
-        """Copy the stored prefixes into their sequences' slots, in one call; if that fails, each
-        alone, so that only a sequence whose copy fails fails."""
-        if not cached:
-            return admitted
-        try:
-            self.prefix_cache.place([(stored, seq.slot) for stored, seq in cached])
-            return admitted
-        except Exception as exc:
-            logger.warning("placing {} voice prefixes together failed ({}): placing them one at a time", len(cached), exc)
-        failed = set()
-        for stored, seq in cached:
-            try:
-                self.prefix_cache.place([(stored, seq.slot)])
-            except Exception as exc:
-                seq.owner.fail(exc)
-                failed.add(id(seq))
-        return [seq for seq in admitted if id(seq) not in failed]
+    def _place_prefixes(self, admitted: list[_Running], stored: dict[int, tuple[Tensor, Tensor]]) -> list[_Running]:
+        """Copy the stored voice prefixes (by slot) into their slots, in one call; returns the
+        sequences that can go on."""
+        def place(seqs: list[_Running]) -> None:
+            self.prefix_cache.place([(stored[seq.slot], seq.slot) for seq in seqs])
+
+        placed = {seq.slot for seq in self._together_or_alone([seq for seq in admitted if seq.slot in stored], place,
+                                                                "placing voice prefixes")}
+        return [seq for seq in admitted if seq.slot not in stored or seq.slot in placed]
 
     def _prefill_texts(self, admitted: list[_Running]) -> list[_Running]:
-        """Prefill the rest of every admitted prompt, together; returns the sequences that can run.
-        If the batched call fails, each is retried alone, so that only a faulty one fails."""
-        try:
-            self.runner.prefill_many([(seq.slot, seq.spec.prompt, seq.text_start) for seq in admitted])
-            return admitted
-        except Exception as exc:
-            if len(admitted) == 1:
-                admitted[0].owner.fail(exc)
-                return []
-            logger.warning("a batched prefill of {} sequences failed ({}): prefilling them one at a time",
-                           len(admitted), exc)
-        ready = []
-        for seq in admitted:
-            try:
-                self.runner.prefill(seq.slot, seq.spec.prompt, seq.text_start)
-                ready.append(seq)
-            except Exception as exc:
-                seq.owner.fail(exc)
-        return ready
+        """Prefill the rest of every admitted prompt, together; returns the sequences that can run."""
+        def prefill(seqs: list[_Running]) -> None:
+            self.runner.prefill_many([(seq.slot, seq.spec.prompt, seq.text_start) for seq in seqs])
+
+        return self._together_or_alone(admitted, prefill, "prefilling texts")
 
     def _step(self) -> None:
         batch = max(self._running) + 1
