@@ -110,6 +110,19 @@ def test_fast_logits_parity(model, s1_expected):
     assert torch.equal(expected[:, 1:, : short.shape[-1]], short)
 
 
+def test_a_fast_position_without_logits_stores_the_keys_and_values_of_a_full_one(model, s1_expected):
+    """Position 0 only fills the fast cache (n_logits=0): its last layer stores its keys and values
+    and skips the rest, and every layer's cache equals that of the whole call."""
+    hidden = prefill_all(model, s1_expected["fwd_sequence"])
+    x = hidden[s1_expected["fwd_positions"][0]].view(1, 1, -1)
+    caches = [new_fast_cache(model, 1) for _ in range(2)]
+    with torch.inference_mode():
+        assert model.forward_fast(x, caches[0].views(torch.tensor([[0]]), 1), n_logits=0) is None
+        model.forward_fast(x, caches[1].views(torch.tensor([[0]]), 1))
+    assert caches[0].k[:, :, :, 0].abs().sum(-1).gt(0).all()  # every layer and head wrote position 0
+    assert torch.equal(caches[0].k, caches[1].k) and torch.equal(caches[0].v, caches[1].v)
+
+
 @pytest.mark.parametrize("name", ["a", "b"])
 def test_greedy_generation_parity(model, s1_expected, name):
     """The reference's greedy settings: top_p 1e-6 keeps only the best id; temperature 1; penalty off."""

@@ -340,28 +340,48 @@ class Block(nn.Module):
         self.weight_evictions = weight_evictions
         return self.fused_projections
 
-    def forward(self, x: Tensor, rope: Tensor, kv: KVView) -> Tensor:
-        if self.fused_projections and x.shape[0] == x.shape[1] == 1 and x.is_cuda and torch.compiler.is_compiling():
+    def forward(self, x: Tensor, rope: Tensor, kv: KVView, kv_only: bool = False) -> Tensor | None:
+        """The block's output; with kv_only, only its keys and values are stored (the caller reads
+        nothing else of this call) and None is returned."""
+        fused = self.fused_projections and x.shape[0] == x.shape[1] == 1 and x.is_cuda and torch.compiler.is_compiling()
+        if kv_only:
+            self._store_kv(x, rope, kv, fused)
+            return None
+        if fused:
             return self._decode_fused(x, rope, kv)
         h = x + self.attention(self.attention_norm(x), rope, kv)
         return h + self.feed_forward(self.ffn_norm(h))
+
+    def _store_kv(self, x: Tensor, rope: Tensor, kv: KVView, fused: bool) -> None:
+        """The projection and attention call that store this block's keys and values; what attention
+        returns is dropped (the decode kernel computes it anyway: it writes the cache as it attends)."""
+        self.attention.attend(self._qkv(x, fused), rope, kv)
+
+    def _qkv(self, x: Tensor, fused: bool) -> Tensor:
+        """attention_norm then wqkv: x (B, S, dim) -> (B, S, qkv width); fused: one fused_linear kernel."""
+        norm = self.attention_norm
+        if not fused:
+            return self.attention.wqkv(norm(x))
+        wqkv, qkv_scale = self._projection_operands[0]
+        qkv = projection_kernel.fused_linear(x.reshape(1, x.shape[-1]), wqkv, qkv_scale, norm.weight, None, norm.eps,
+                                             False, self.weight_evictions[0])
+        return qkv.view(1, 1, -1)
 
     def _decode_fused(self, x: Tensor, rope: Tensor, kv: KVView) -> Tensor:
         """forward() in four fused_linear kernels plus attention: the norms go into the
         projections after them, the residual adds and the SiLU gate into the ones before."""
         linear = projection_kernel.fused_linear
-        (wqkv, qkv_scale), (wo, wo_scale), (w13, w13_scale), (w2, w2_scale) = self._projection_operands
-        qkv_hint, wo_hint, w13_hint, w2_hint = self.weight_evictions
+        _, (wo, wo_scale), (w13, w13_scale), (w2, w2_scale) = self._projection_operands
+        _, wo_hint, w13_hint, w2_hint = self.weight_evictions
         row = x.reshape(1, x.shape[-1])
-        qkv = linear(row, wqkv, qkv_scale, self.attention_norm.weight, None, self.attention_norm.eps, False, qkv_hint)
-        attended = self.attention.attend(qkv.view(1, 1, -1), rope, kv)
+        attended = self.attention.attend(self._qkv(x, True), rope, kv)
         h = linear(attended.reshape(1, -1), wo, wo_scale, None, row, 0.0, False, wo_hint)
         gated = linear(h, w13, w13_scale, self.ffn_norm.weight, None, self.ffn_norm.eps, True, w13_hint)
         return linear(gated, w2, w2_scale, None, h, 0.0, False, w2_hint).view_as(x)
 
 
-def call_block(layer: Block, x: Tensor, rope: Tensor, kv: KVView) -> Tensor:
-    return layer(x, rope, kv)
+def call_block(layer: Block, x: Tensor, rope: Tensor, kv: KVView, kv_only: bool = False) -> Tensor | None:
+    return layer(x, rope, kv, kv_only)
 
 
 def embed_and_rotation(model: "DualARTransformer", columns: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
@@ -507,8 +527,11 @@ class DualARTransformer(nn.Module):
         run_block = run_block or call_block
         if rope is None:
             rope = self.rope_fast[kv_views[0].positions]
-        for layer, kv in zip(self.fast_layers, kv_views, strict=True):
+        *inner, (last, last_kv) = zip(self.fast_layers, kv_views, strict=True)
+        for layer, kv in inner:
             x = run_block(layer, x, rope, kv)
-        if n_logits == 0:
+        if n_logits == 0:  # of the last layer, only the keys and values are ever read (by later positions)
+            run_block(last, x, rope, last_kv, True)
             return None
+        x = run_block(last, x, rope, last_kv)
         return run_head(self.fast_norm, self.fast_output.weight[:n_logits], x)

@@ -79,8 +79,8 @@ def _slow_block(layer, x, rope, kv):
     return layer(x, rope, kv)
 
 
-def _fast_block(layer, x, rope, kv):
-    return layer(x, rope, kv)
+def _fast_block(layer, x, rope, kv, kv_only=False):
+    return layer(x, rope, kv, kv_only)
 
 
 def _prefill_block(layer, x, rope, kv):
