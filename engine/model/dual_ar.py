@@ -344,18 +344,13 @@ class Block(nn.Module):
         """The block's output; with kv_only, only its keys and values are stored (the caller reads
         nothing else of this call) and None is returned."""
         fused = self.fused_projections and x.shape[0] == x.shape[1] == 1 and x.is_cuda and torch.compiler.is_compiling()
-        if kv_only:
-            self._store_kv(x, rope, kv, fused)
+        if kv_only:  # attend() stores them; its output is dropped (the decode kernel writes as it attends)
+            self.attention.attend(self._qkv(x, fused), rope, kv)
             return None
         if fused:
             return self._decode_fused(x, rope, kv)
         h = x + self.attention(self.attention_norm(x), rope, kv)
         return h + self.feed_forward(self.ffn_norm(h))
-
-    def _store_kv(self, x: Tensor, rope: Tensor, kv: KVView, fused: bool) -> None:
-        """The projection and attention call that store this block's keys and values; what attention
-        returns is dropped (the decode kernel computes it anyway: it writes the cache as it attends)."""
-        self.attention.attend(self._qkv(x, fused), rope, kv)
 
     def _qkv(self, x: Tensor, fused: bool) -> Tensor:
         """attention_norm then wqkv: x (B, S, dim) -> (B, S, qkv width); fused: one fused_linear kernel."""
