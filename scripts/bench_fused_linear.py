@@ -8,7 +8,7 @@ batch-1 decode step): the same work compiled by Inductor from the plain ops (RMS
 gate, residual add, as the compiled step had them) and the fused Triton kernel in a sweep of launch
 settings. Each is captured 28 times in a CUDA graph, like a step's layers, each call with its own
 weights (read from memory, not L2), and timed per call. Prints the plain time, the kernel's time in
-its default settings and the fastest settings, with the largest difference from the eager ops.
+the engine's settings for that shape (fused_linear.settings_for) and the fastest settings, with the largest difference from the eager ops.
 With --weights int8 the weights are int8 with one scale per row (as --quantize int8 makes them):
 the kernel reads them with their scales, and the plain ops dequantize them inside the matmul (which
 Inductor fuses, as it did torchao's int8 weights in the compiled step). Needs CUDA and Triton.
@@ -41,8 +41,8 @@ SHAPES = {
     "w13_gated": (1024, 3072, True, True, False),
     "w2": (3072, 1024, False, False, True),
 }
-SETTINGS = [kernel.Launch(*s) for s in itertools.product((4, 8, 16), (256, 512, 1024), (4, 8), (1, 3))]
-DEFAULT_LAUNCH = kernel.Launch()
+SETTINGS = [kernel.Launch(block_n=n, block_k=k, num_warps=w)
+            for n, k, w in itertools.product((2, 4, 8, 16), (256, 512, 1024), (2, 4, 8))]
 CALLS, REPLAYS = 28, 50
 
 
@@ -75,7 +75,7 @@ def operands(rows: int, depth: int, columns: int, norm: bool, gated: bool, resid
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--weights", choices=["bf16", "int8"], default="bf16")
-    p.add_argument("--quick", action="store_true", help="time the default launch setting only (no sweep)")
+    p.add_argument("--quick", action="store_true", help="time the engine's launch setting only (no sweep)")
     p.add_argument("--json")
     args = p.parse_args(argv)
     compiled_plain = torch.compile(plain)
@@ -90,7 +90,9 @@ def main(argv=None) -> int:
         def layer(i, x=x, weights=weights, scales=scales, rest=rest):  # operands of layer i's projection
             return (x, weights[i], *rest, scales[i])
 
-        def fused(i, settings=DEFAULT_LAUNCH):  # the kernel on them
+        engine_launch = kernel.settings_for(depth, columns, gated)
+
+        def fused(i, settings=engine_launch):  # the kernel on them
             x, weight, *rest, scale = layer(i)
             return kernel.launch(kernel._fused_linear, x, weight, scale, *rest, settings=settings)
 
@@ -98,26 +100,27 @@ def main(argv=None) -> int:
         plain_us = microseconds_per_call(lambda i: compiled_plain(*layer(i)), CALLS, REPLAYS)
         expected = plain(*layer(0)).float()
         timed = []
-        for setting in [DEFAULT_LAUNCH] if args.quick else SETTINGS:
+        for setting in [engine_launch] if args.quick else SETTINGS:
             try:
                 diff = (fused(0, setting).float() - expected).abs().max()
             except triton.runtime.errors.OutOfResources:  # too much shared memory for this setting
                 continue
             us = microseconds_per_call(lambda i, setting=setting: fused(i, setting), CALLS, REPLAYS)
             timed.append((us, setting, float(diff)))
-        default_us = microseconds_per_call(fused, CALLS, REPLAYS)
+        engine_us = microseconds_per_call(fused, CALLS, REPLAYS)
         # Programmatic dependent launch off: each call's weights then stream in only after the call before ends.
-        no_pdl = dataclasses.replace(DEFAULT_LAUNCH, pdl=False)
+        no_pdl = dataclasses.replace(engine_launch, pdl=False)
         no_pdl_us = microseconds_per_call(lambda i, no_pdl=no_pdl: fused(i, no_pdl), CALLS, REPLAYS)
         best_us, best, diff = min(timed, key=lambda t: t[0])
         weight_bytes = weights[0].numel() * weights[0].element_size()
-        entry = {"shape": name, "plain_us": round(plain_us, 2), "default_us": round(default_us, 2),
-                 "default_without_pdl_us": round(no_pdl_us, 2),
+        entry = {"shape": name, "plain_us": round(plain_us, 2), "engine_us": round(engine_us, 2),
+                 "engine": engine_launch.__dict__,
+                 "engine_without_pdl_us": round(no_pdl_us, 2),
                  "best_us": round(best_us, 2), "best": best.__dict__, "max_abs_diff": diff,
                  "best_weight_tb_s": round(weight_bytes / best_us / 1e6, 2),
-                 "settings": [[round(us, 2), s.__dict__] for us, s, _ in sorted(timed, key=lambda t: t[0])[:5]]}
+                 "settings": [[round(us, 2), s.__dict__] for us, s, _ in sorted(timed, key=lambda t: t[0])]}
         report.append(entry)
-        print(f"{name:10s} plain {plain_us:6.2f} us  fused default {default_us:6.2f} (without PDL {no_pdl_us:6.2f})  "
+        print(f"{name:10s} plain {plain_us:6.2f} us  fused engine {engine_us:6.2f} (without PDL {no_pdl_us:6.2f})  "
               f"best {best_us:6.2f} ({best.block_n}x{best.block_k} w{best.num_warps} s{best.num_stages}, "
               f"{entry['best_weight_tb_s']} TB/s)  max diff {diff:.2e}", flush=True)
     if args.json:

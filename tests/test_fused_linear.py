@@ -115,6 +115,7 @@ def test_a_compiled_block_with_fused_projections_in_a_cuda_graph_equals_the_eage
         fused_linear=lambda *args: traced.append(args) or fused.fused_linear(*args)))
     block = full_size_block(torch.float32)
     if quantize == "int8":
+        pytest.importorskip("torchao")
         quantize_block_int8(block)
     assert block.use_fused_projections() and block.attention.use_decode_kernel()
     batch, capacity, position = 1, 64, 17

@@ -46,14 +46,30 @@ from .launch_control import wait_for_inputs
 
 @dataclass(frozen=True)
 class Launch:
-    """Columns per program, K per iteration, warps, pipeline stages. The default was the fastest or
-    within 2% of it for every S1-mini projection on an H100 (docs/PERFORMANCE.md)."""
+    """Columns per program, K per iteration, warps, pipeline stages (TUNED: per shape)."""
 
     block_n: int = 4
     block_k: int = 1024
     num_warps: int = 8
     num_stages: int = 1
     pdl: bool = True  # programmatic dependent launch where pdl_available()
+
+
+# S1-mini's projections by shape (K, N, gated): the fastest setting of each in bench_fused_linear's
+# sweep on an H100 (28 calls in a CUDA graph, each with its own weights); together 1.560 ms a
+# batch-1 frame against 1.579-1.585 with Launch() everywhere (docs/PERFORMANCE.md, 2026-11-26).
+# Other shapes (the demo model's, the output heads') keep Launch().
+TUNED: dict[tuple[int, int, bool], Launch] = {
+    (1024, 4096, False): Launch(block_n=8, num_warps=2),  # slow qkv
+    (2048, 1024, False): Launch(block_n=2, num_warps=4),  # slow output
+    (1024, 2048, False): Launch(block_n=8, num_warps=8),  # fast qkv
+    (1024, 1024, False): Launch(block_n=2, num_warps=2),  # fast output (and the fast head, 1,024 codes)
+    (1024, 3072, True): Launch(block_n=4, block_k=512, num_warps=8),  # gate/up
+}  # down (3072 x 1024) was fastest with Launch()
+
+
+def settings_for(depth: int, columns: int, gated: bool) -> Launch:
+    return TUNED.get((depth, columns, gated), Launch())
 
 
 @triton.jit
@@ -116,12 +132,14 @@ def _fused_linear(x_ptr, w_ptr, w_scale_ptr, norm_ptr, residual_ptr, out_ptr, ep
 
 
 def launch(kernel, x: Tensor, weight: Tensor, weight_scale: Tensor | None, norm_weight: Tensor | None,
-           residual: Tensor | None, eps: float, gated: bool, settings: Launch = Launch(),
+           residual: Tensor | None, eps: float, gated: bool, settings: Launch | None = None,
            weight_eviction: str = "") -> Tensor:
-    """Run `kernel` (_fused_linear) on the operands; see fused_linear."""
+    """Run `kernel` (_fused_linear) on the operands, with `settings` or the shape's (settings_for);
+    see fused_linear."""
     torch._check(x.shape[0] == 1, lambda: "fused_linear takes one row")
     depth = x.shape[1]
     columns = weight.shape[0] // 2 if gated else weight.shape[0]
+    settings = settings or settings_for(depth, columns, gated)
     x, weight = x.contiguous(), weight.contiguous()
     out = torch.empty((1, columns), device=x.device, dtype=x.dtype)
     pdl = settings.pdl and pdl_available(x.device)
