@@ -1,11 +1,25 @@
-# Run 8 (session 31, main): the batch-1 frame with decode_attention's warps, stages and one-row split replaced
+# Run 8 (session 31, main): the batch-1 frame with decode_attention's warps, stages and one-row split replaced;
+# then the attention and graphed-step GPU tests with the fastest replacement
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
 export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; date -u
 i=0
-for v in "" "NUM_WARPS=2" "NUM_WARPS=1" "NUM_STAGES=1" "ONE_ROW_SPLIT_KEYS=32" "ONE_ROW_SPLIT_KEYS=128" "" "NUM_WARPS=2"; do
+for v in "" "NUM_WARPS=2" "NUM_WARPS=8" "NUM_STAGES=1" "ONE_ROW_SPLIT_KEYS=32" "ONE_ROW_SPLIT_KEYS=128" ""; do
   i=$((i+1))
-  timeout 90 python docs/benchmarks/session-s31/profile_with_attention.py $v --weights random --frames 40 > $OUT/ps-$i.txt 2>&1
-  echo "$i [$v] rc $? $(grep graphed $OUT/ps-$i.txt) | $(grep -E '_attend_split|_merge_splits' $OUT/ps-$i.txt | tr -s ' ' | tr '\n' ';')"
-done
+  timeout 80 python docs/benchmarks/session-s31/profile_with_attention.py $v --weights random --frames 40 > $OUT/ps-$i.txt 2>&1
+  echo "$i [$v] rc $? $(grep graphed $OUT/ps-$i.txt | cut -d';' -f1) | $(grep -E '_attend_split|_merge_splits' $OUT/ps-$i.txt | tr -s ' ' | cut -d' ' -f2-4 | tr '\n' ';')"
+done | tee $OUT/summary.txt
+best=$(python3 - <<'PY'
+import re
+rows = [l for l in open("/root/out/summary.txt".replace("/root/out", __import__("os").environ["OUT"])) if "graphed" in l]
+ms = [(float(re.search(r"graphed: ([\d.]+) ms", l).group(1)), re.search(r"\[(.*?)\]", l).group(1)) for l in rows]
+print(min(ms)[1])
+PY
+)
+echo "fastest: [$best]"
+if [ -n "$best" ]; then
+  ATTN_OVERRIDES="$best" PYTHONPATH=$PYTHONPATH:docs/benchmarks/session-s31 timeout 200 python -m pytest -p attn_plugin -m gpu \
+    tests/test_decode_attention.py tests/test_gpu.py -k "attention or attend or graphed or alone or logits_close" -q -p no:cacheprovider > $OUT/gpu-tests.txt 2>&1
+  echo "tests rc $?"; grep -E "overrides|passed|failed" $OUT/gpu-tests.txt | tail -3
+fi
 date -u
