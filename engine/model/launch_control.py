@@ -24,14 +24,6 @@ def wait_for_inputs():
 
 
 @triton.jit
-def wait_for_earlier_kernels():
-    """Wait until the kernel before has finished and its writes are visible (for a kernel that let
-    the one after it launch already). Add the result to every address that kernel may have written."""
-    return tl.inline_asm_elementwise("griddepcontrol.wait; mov.u32 $0, 0;", "=r", [], dtype=tl.int32,
-                                     is_pure=True, pack=1)
-
-
-@triton.jit
 def let_dependents_launch():
     """Let the kernel after start launching (it waits for this one's writes before reading them)."""
     return tl.inline_asm_elementwise("griddepcontrol.launch_dependents; mov.u32 $0, 0;",
