@@ -8,7 +8,8 @@ batch-1 decode step): the same work compiled by Inductor from the plain ops (RMS
 gate, residual add, as the compiled step had them) and the fused Triton kernel in a sweep of launch
 settings. Each is captured 28 times in a CUDA graph, like a step's layers, each call with its own
 weights (read from memory, not L2), and timed per call. Prints the plain time, the kernel's time in
-the engine's settings for that shape (fused_linear.settings_for) and the fastest settings, with the largest difference from the eager ops.
+the engine's setting for that shape (fused_linear.settings_for) and the fastest settings, with the
+largest difference from the eager ops.
 With --weights int8 the weights are int8 with one scale per row (as --quantize int8 makes them):
 the kernel reads them with their scales, and the plain ops dequantize them inside the matmul (which
 Inductor fuses, as it did torchao's int8 weights in the compiled step). Needs CUDA and Triton.

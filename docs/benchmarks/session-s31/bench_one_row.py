@@ -4,22 +4,15 @@ and Inductor's compiled sample() for one row, in CUDA graphs, and check each set
     python bench_one_row.py    # from the repository root
 """
 import itertools, sys, torch
-sys.path.insert(0, ".")
+sys.path.insert(0, "."); sys.path.insert(0, "scripts")
 import engine.runtime.sampling_kernel as K
 from engine.runtime.sampling import SamplingTensors, sample
+from graph_timing import microseconds_per_call
 
 
-def timed(fn, n=400):
-    fn(); torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(20): fn()
-    g.replay(); torch.cuda.synchronize()
-    s, e = torch.cuda.Event(True), torch.cuda.Event(True)
-    s.record()
-    for _ in range(n // 20): g.replay()
-    e.record(); torch.cuda.synchronize()
-    return s.elapsed_time(e) * 1000 / n
+def timed(fn):
+    """us per call of fn, 20 calls captured in a CUDA graph and replayed (scripts/graph_timing)."""
+    return microseconds_per_call(lambda i: fn(), 20, 20)
 
 
 for width in (1024, 4097):
