@@ -7,7 +7,7 @@ The splits merged by their last program (tickets) against the merge kernel, for 
 key counts: the outputs must be equal bit for bit and the tickets zero afterwards. The interpreter
 runs programs one after another, so this checks the merge's arithmetic and the ticket count, not
 the memory ordering between programs (that needs the GPU tests). The interpreter's range() needs
-Python ints (the kernel's loop bounds are tensors) and it has no inline assembly (the fence).
+Python ints (the kernel's loop bounds are tensors).
 """
 import builtins
 import sys
@@ -27,13 +27,7 @@ def _int(x):
     return int(np.asarray(data).reshape(-1)[0])
 
 
-@triton.jit
-def _no_fence():
-    return 0
-
-
 A.range = lambda *args: builtins.range(*[_int(a) for a in args])
-A.gpu_fence = _no_fence
 torch.manual_seed(0)
 H, KV, D, cap = 4, 2, 16, 1024
 attn = Attention(H * D, H, KV, D, 1e-6, True, False, False)
