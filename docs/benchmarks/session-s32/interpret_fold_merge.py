@@ -6,28 +6,17 @@
 The splits merged by their last program (tickets) against the merge kernel, for several batches and
 key counts: the outputs must be equal bit for bit and the tickets zero afterwards. The interpreter
 runs programs one after another, so this checks the merge's arithmetic and the ticket count, not
-the memory ordering between programs (that needs the GPU tests). The interpreter's range() needs
-Python ints (the kernel's loop bounds are tensors).
+the memory ordering between programs (that needs the GPU tests). (interpreted_attention.py: the
+interpreter's range().)
 """
-import builtins
 import sys
 
-import numpy as np
 import torch
-import triton
-import triton.language as tl
 
-sys.path.insert(0, ".")  # run from the repository root
-from engine.model import decode_attention as A  # noqa: E402
+sys.path.insert(0, "docs/benchmarks/session-s32")
+from interpreted_attention import decode_attention as A  # noqa: E402
 from engine.model.dual_ar import Attention, rope_table  # noqa: E402
 
-
-def _int(x):
-    data = getattr(getattr(x, "handle", x), "data", x)
-    return int(np.asarray(data).reshape(-1)[0])
-
-
-A.range = lambda *args: builtins.range(*[_int(a) for a in args])
 torch.manual_seed(0)
 H, KV, D, cap = 4, 2, 16, 1024
 attn = Attention(H * D, H, KV, D, 1e-6, True, False, False)

@@ -5,22 +5,16 @@
 
 Rows 1, 3 and 4 read their first 200, 200 and 130 positions from rows 0, 0 and 2, their own copies there
 poisoned with NaN: the output must equal the kernel's on caches holding the sources' values, and be NaN
-without the redirect. (The interpreter's range() needs Python ints: the kernel's loop bounds are tensors.)
+without the redirect. (interpreted_attention.py: the interpreter's range().)
 """
-import builtins
-import numpy as np
-import sys, torch
-sys.path.insert(0, ".")  # run from the repository root
-from engine.model import decode_attention as A
+import sys
 
+import torch
 
-def _int(x):
-    data = getattr(getattr(x, "handle", x), "data", x)
-    return int(np.asarray(data).reshape(-1)[0])
+sys.path.insert(0, "docs/benchmarks/session-s32")
+from interpreted_attention import decode_attention as A  # noqa: E402
+from engine.model.dual_ar import Attention, KVView, rope_table  # noqa: E402
 
-
-A.range = lambda *args: builtins.range(*[_int(a) for a in args])
-from engine.model.dual_ar import Attention, KVView, rope_table
 torch.manual_seed(0)
 B, H, KV, D, cap, n_keys = 6, 4, 2, 16, 512, 300
 attn = Attention(H * D, H, KV, D, 1e-6, True, False, False); attn.requires_grad_(False)

@@ -10,12 +10,4 @@ export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; date -u
 timeout 100 python -m pytest -m gpu tests/test_fused_linear.py -q -p no:cacheprovider > $OUT/gpu-fused.txt 2>&1; echo "fused tests rc $?"; tail -1 $OUT/gpu-fused.txt
 timeout 240 python scripts/bench_fused_linear.py --rows 64 --no-norm --json $OUT/bfl-nonorm.json > $OUT/bfl-nonorm.txt 2>&1; echo "bench rc $?"; grep -v -i warn $OUT/bfl-nonorm.txt | tail -6
-for b in 64; do  # ~450 s in all; batches 16, 4, 2 and 32 in next-run-b.sh
-  TORCHINDUCTOR_FORCE_DISABLE_CACHES=1 timeout 90 python docs/benchmarks/session-s32/profile_with_rows.py $OUT/bfl-nonorm.json --weights random --frames 40 --batch $b --kv 512 > $OUT/ps-b$b-prenormed.txt 2>&1
-  echo "batch $b prenormed rc $? $(grep graphed $OUT/ps-b$b-prenormed.txt)"
-  (cd .hybrid && timeout 90 python scripts/profile_step.py --weights random --frames 40 --batch $b --kv 512) > $OUT/ps-b$b-hybrid.txt 2>&1
-  echo "batch $b hybrid rc $? $(grep graphed $OUT/ps-b$b-hybrid.txt)"
-  timeout 90 python scripts/profile_step.py --weights random --frames 40 --batch $b --kv 512 --fused-projections off > $OUT/ps-b$b-off.txt 2>&1
-  echo "batch $b main rc $? $(grep graphed $OUT/ps-b$b-off.txt)"
-done
-date -u
+BATCHES=64 ROWS_JSON=$OUT/bfl-nonorm.json bash docs/benchmarks/session-s32/next-run-b.sh  # the three forms at batch 64; ~450 s in all
