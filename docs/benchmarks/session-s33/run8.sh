@@ -7,11 +7,11 @@ timeout 80 python -m pytest -m gpu tests/test_decode_attention.py -q -p no:cache
 echo "attention tests rc $? $(tail -1 $OUT/tests-attention.txt)"
 for tree in . .base . .base; do
   (cd $tree && timeout 60 python scripts/profile_step.py --weights random --frames 40) > /tmp/ps.txt 2>&1
-  echo "batch 1 $tree rc $? $(grep graphed /tmp/ps.txt) | $(grep -E '_merge_splits' /tmp/ps.txt | tr -s ' ')"
+  echo "batch 1 $tree rc $? $(grep graphed /tmp/ps.txt) | $(grep -E "${KERNEL:-_merge_splits}" /tmp/ps.txt | tr -s ' ')"
 done
 for tree in . .base; do
   (cd $tree && timeout 60 python scripts/profile_step.py --weights random --frames 40 --batch 64 --kv 512) > /tmp/ps.txt 2>&1
-  echo "batch 64 $tree rc $? $(grep graphed /tmp/ps.txt) | $(grep -E '_merge_splits' /tmp/ps.txt | tr -s ' ')"
+  echo "batch 64 $tree rc $? $(grep graphed /tmp/ps.txt) | $(grep -E "${KERNEL:-_merge_splits}" /tmp/ps.txt | tr -s ' ')"
 done
 timeout 250 python -m pytest -m gpu tests/test_gpu.py -q -p no:cacheprovider > $OUT/tests-gpu.txt 2>&1
 echo "test_gpu rc $? $(tail -1 $OUT/tests-gpu.txt)"
