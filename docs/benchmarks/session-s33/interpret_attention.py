@@ -1,5 +1,5 @@
 """decode_attention in Triton's interpreter on the CPU (fp32), against Attention.attend's plain path: the
-output within 1e-4 and the caches equal, for one row (early keys) and batches, split and direct:
+output within 1e-4, the caches equal and NaNs past each row's position ignored, for one row (early keys) and batches, split and direct:
 
     TRITON_INTERPRET=1 PYTHONPATH=<triton 3.6.0> python docs/benchmarks/session-s33/interpret_attention.py
 
@@ -20,6 +20,7 @@ for batch, n_keys, cap, one_row in [(1, 512, 1024, True), (1, 300, 1024, True), 
     k_cache, v_cache = torch.randn(batch, KV, cap, D), torch.randn(batch, KV, cap, D)
     positions = torch.randint(0, n_keys, (batch,)); positions[-1] = n_keys - 1
     if batch > 2: positions[0] = 0
+    if cap <= 64: positions[0] = n_keys // 2  # a direct cache's slots between the position and n_keys
     rope = rope_table(cap, D, 1e6)[positions]
     k, v = k_cache.clone(), v_cache.clone()
     out = A.launch(A._attend_split, A._merge_splits, qkv, *attn.kernel_norms(), rope.reshape(batch, -1), k, v,
@@ -29,6 +30,11 @@ for batch, n_keys, cap, one_row in [(1, 512, 1024, True), (1, 300, 1024, True), 
     kv = KVView(k2[:, :, :n_keys], v2[:, :, :n_keys], positions[:, None], keys, keys <= positions[:, None, None, None])
     ref = attn.attend(qkv[:, None], rope[:, None], kv)[:, 0]
     err = (out - ref).abs().max().item(); worst = max(worst, err)
+    past = torch.arange(cap)[None, None, :, None] >= positions[:, None, None, None]  # NaNs there change nothing
+    poisoned = [t.masked_fill(past, float("nan")) for t in (k_cache, v_cache)]
+    again = A.launch(A._attend_split, A._merge_splits, qkv, *attn.kernel_norms(), rope.reshape(batch, -1), *poisoned,
+                     positions, n_keys, H, one_row)
+    bad += not torch.equal(again, out)
     caches_same = torch.allclose(k, k2, atol=1e-5) and torch.allclose(v, v2, atol=1e-6)
     bad += not caches_same
     print(batch, n_keys, cap, err, "caches equal" if caches_same else "CACHES DIFFER")
