@@ -120,7 +120,7 @@ def _attend_split(qkv_ptr, q_norm_ptr, k_norm_ptr, eps, rope_ptr, positions_ptr,
         holds_new = (position >= start) & (position < start + split_keys) & (position < n_keys)
         tl.store(k_base + position * k_stride_l + d[None, :], k_new, mask=holds_new)
         tl.store(v_base + position * v_stride_l + d[None, :], v_new, mask=holds_new)
-    else:
+    else:  # (k_base and v_base here, not above: each mode then compiles to the PTX of the kernel timed)
         k_base = k_ptr + b * k_stride_b + h * k_stride_h
         v_base = v_ptr + b * v_stride_b + h * v_stride_h
         if (position >= start) & (position < start + split_keys) & (position < n_keys):
