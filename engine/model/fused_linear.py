@@ -87,23 +87,39 @@ def _fused_linear(x_ptr, w_ptr, w_scale_ptr, norm_ptr, residual_ptr, out_ptr, ep
     w_block = tl.load(w_rows + k[None, :], mask=live, other=0.0, eviction_policy=weight_eviction)
     if gated:
         up_block = tl.load(w_rows + N * K + k[None, :], mask=live, other=0.0, eviction_policy=weight_eviction)
+    one_block: tl.constexpr = K <= block_k
+    if has_norm and one_block:  # the norm's weights are no one's output: requested before the wait too
+        scale = tl.load(norm_ptr + k, mask=k < K, other=0.0).to(tl.float32)
     if pdl:
         after = wait_for_inputs()
         x_ptr += after
         residual_ptr += after
+    # Every load after the wait is requested as early as it can be, since each one that waits for
+    # another adds a trip to memory to the frame's critical path: the residual now, used last.
+    if has_residual:
+        residual = tl.load(residual_ptr + n, mask=live_n, other=0.0)
+    if one_block:
+        x_all = tl.load(x_ptr + k, mask=k < K, other=0.0)
     if has_norm:
         squares = tl.zeros([block_k], tl.float32)
         for k0 in range(0, K, block_k):
-            xk = tl.load(x_ptr + k0 + k, mask=k0 + k < K, other=0.0).to(tl.float32)
+            if one_block:
+                xk = x_all.to(tl.float32)
+            else:
+                xk = tl.load(x_ptr + k0 + k, mask=k0 + k < K, other=0.0).to(tl.float32)
             squares += xk * xk
         inv_rms = tl.rsqrt(tl.sum(squares, 0) / K + eps)
     products = tl.zeros([block_n, block_k], tl.float32)
     up_products = tl.zeros([block_n, block_k], tl.float32)
     for k0 in range(0, K, block_k):
         live_k = k0 + k < K
-        xk = tl.load(x_ptr + k0 + k, mask=live_k, other=0.0)
+        if one_block:
+            xk = x_all
+        else:
+            xk = tl.load(x_ptr + k0 + k, mask=live_k, other=0.0)
         if has_norm:  # RMSNorm: normalised in fp32, rounded, then scaled by the weight and rounded
-            scale = tl.load(norm_ptr + k0 + k, mask=live_k, other=0.0).to(tl.float32)
+            if not one_block:
+                scale = tl.load(norm_ptr + k0 + k, mask=live_k, other=0.0).to(tl.float32)
             xk = ((xk.to(tl.float32) * inv_rms).to(dtype).to(tl.float32) * scale).to(dtype)
         xf = xk.to(tl.float32)[None, :]
         products += w_block.to(tl.float32) * xf
@@ -127,7 +143,7 @@ def _fused_linear(x_ptr, w_ptr, w_scale_ptr, norm_ptr, residual_ptr, out_ptr, ep
         up = up_sums.to(dtype).to(tl.float32)
         out = ((gate * tl.sigmoid(gate)).to(dtype).to(tl.float32) * up).to(dtype)
     if has_residual:
-        out = (tl.load(residual_ptr + n, mask=live_n, other=0.0).to(tl.float32) + out.to(tl.float32)).to(dtype)
+        out = (residual.to(tl.float32) + out.to(tl.float32)).to(dtype)
     tl.store(out_ptr + n, out, mask=live_n)
 
 
