@@ -75,6 +75,18 @@ def test_bf16_is_as_close_to_fp32_as_the_plain_bf16_path(shape):
         assert (g.float() - r).abs().max() <= 2 * (o.float() - r).abs().max() + 1e-6, name
 
 
+@pytest.mark.parametrize("n_keys, shape", [(512, SLOW), (300, SLOW), (10, FAST), (4, FAST)])
+def test_the_one_row_op_launched_with_pdl_equals_the_op_for_batches(n_keys, shape):
+    """decode_attention_one_row (the batch-1 step's: the same kernels, launched with programmatic
+    dependent launch) gives the bits of decode_attention, KV writes included."""
+    attn, qkv, rope, k_cache, v_cache, positions = case = attention_case(1, n_keys, torch.bfloat16, **shape)
+    expected = kernel(*case, n_keys)
+    k_got, v_got = k_cache.clone(), v_cache.clone()
+    out = attention_kernel.decode_attention_one_row(qkv, *attn.kernel_norms(), rope.reshape(1, -1), k_got, v_got,
+                                                    positions, n_keys, attn.n_head)
+    assert torch.equal(out, expected[0]) and torch.equal(k_got, expected[1]) and torch.equal(v_got, expected[2])
+
+
 def test_only_the_new_position_of_each_row_is_written():
     attn, qkv, rope, k_cache, v_cache, positions = attention_case(4, 384, torch.float32, **SLOW)
     _, k_new, v_new = kernel(attn, qkv, rope, k_cache, v_cache, positions, 384)

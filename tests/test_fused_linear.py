@@ -105,7 +105,9 @@ def full_size_block(dtype):
 def test_a_compiled_block_with_fused_projections_in_a_cuda_graph_equals_the_eager_block(monkeypatch, quantize):
     """The path Block takes in the compiled batch-1 decode step (one row, one position, in a CUDA
     graph): fp32, equal to the eager block, KV writes included; with int8 weights (torchao's, as
-    --quantize int8 makes them), equal to the eager block on the same weights."""
+    --quantize int8 makes them), equal to the eager block on the same weights. Every kernel of it
+    is launched with programmatic dependent launch on Hopper, so that each starts while the one
+    before runs: a load ordered wrongly against its wait would read a stale input here."""
     import types
 
     from engine.model import dual_ar
@@ -118,7 +120,7 @@ def test_a_compiled_block_with_fused_projections_in_a_cuda_graph_equals_the_eage
         pytest.importorskip("torchao")
         quantize_block_int8(block)
     assert block.use_fused_projections() and block.attention.use_decode_kernel()
-    batch, capacity, position = 1, 64, 17
+    batch, capacity, position = 1, 512, 300  # split over 5 programs a kv head, then merged, as the step's slow layers
     x = torch.randn(batch, 1, 1024, device="cuda")
     positions = torch.full((batch, 1), position, device="cuda")
     rope = rope_table(capacity, 128, 1e6).cuda()[positions]

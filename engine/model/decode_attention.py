@@ -24,9 +24,14 @@ Registered as a torch.library.triton_op so that Inductor compiles it into the st
 CUDA graphs capture it). It writes the caches it is given, which Inductor (torch 2.11) compiles
 right only when they come into the compiled code as inputs, K and V tensors of their own (see
 dual_ar.Attention.use_decode_kernel). On Hopper and newer both kernels let the kernel after them
-(a fused_linear projection, launched with PDL) start launching and load its weights early; they
-are launched without PDL themselves (a custom op launched with it was slower: docs/PERFORMANCE.md).
-Importing this module needs Triton and torch >= 2.6.
+(a fused_linear projection, launched with PDL) start launching and load its weights early.
+
+One row (the batch-1 step) takes decode_attention_one_row instead: the same kernels launched with
+programmatic dependent launch themselves, from a custom op opaque to Inductor (which launches a
+triton_op's kernels without PDL on torch 2.11). A program then requests its position, rotation and
+first block of cached keys while the QKV projection before it still runs, and waits for that
+projection only to read the token: a batch-1 frame 1.466-1.470 ms against 1.500-1.505 on an H100
+(docs/PERFORMANCE.md). Importing this module needs Triton and torch >= 2.6.
 """
 
 from __future__ import annotations
@@ -39,7 +44,7 @@ from torch.fx.experimental.symbolic_shapes import statically_known_true
 from torch.library import triton_op, wrap_triton
 
 from ..compilation import pdl_available
-from .launch_control import let_dependents_launch
+from .launch_control import let_dependents_launch, wait_for_inputs
 
 # Keys per program, and per inner iteration. Timed on an H100 (docs/PERFORMANCE.md): 256 keys at
 # batch 16-64 (2.6 TB/s), 64 at batch 1, where 256 would leave most SMs idle.
@@ -91,7 +96,7 @@ def _attend_split(qkv_ptr, q_norm_ptr, k_norm_ptr, eps, rope_ptr, positions_ptr,
                   scale_log2: tl.constexpr, n_heads: tl.constexpr, kv_heads: tl.constexpr, group: tl.constexpr,
                   rows: tl.constexpr, head_dim: tl.constexpr, has_qk_norm: tl.constexpr,
                   split_keys: tl.constexpr, block_keys: tl.constexpr, ieee: tl.constexpr, direct: tl.constexpr,
-                  early_keys: tl.constexpr, pdl: tl.constexpr):
+                  early_keys: tl.constexpr, pdl: tl.constexpr, launched_pdl: tl.constexpr):
     if pdl:  # the kernel after (a projection) may launch now and load its weights; it waits for our output
         positions_ptr += let_dependents_launch()
     b, h, split = tl.program_id(0).to(tl.int64), tl.program_id(1), tl.program_id(2)
@@ -105,9 +110,13 @@ def _attend_split(qkv_ptr, q_norm_ptr, k_norm_ptr, eps, rope_ptr, positions_ptr,
         k_base = k_ptr + b * k_stride_b + h * k_stride_h
         v_base = v_ptr + b * v_stride_b + h * v_stride_h
         k, v = _load_old_keys(k_base, v_base, start, end, position, k_stride_l, v_stride_l, d, block_keys)
-    row = qkv_ptr + b * qkv_stride_b
     cos = tl.load(rope_ptr + b * rope_stride_b + (d // 2) * 2).to(tl.float32)[None, :]
     sin = tl.load(rope_ptr + b * rope_stride_b + (d // 2) * 2 + 1).to(tl.float32)[None, :]
+    if launched_pdl:
+        # Launched while the QKV projection runs: the loads above read what earlier kernels wrote
+        # (positions, rotations, keys of earlier positions), complete before that projection started.
+        qkv_ptr += wait_for_inputs()
+    row = qkv_ptr + b * qkv_stride_b
     # This kv head's query heads (h * group ..), normed and rotated.
     q = _norm_and_rotate(row, h * group + g, g < group, d, q_norm_ptr, eps, cos, sin, head_dim, has_qk_norm, dtype)
     if early_keys:
@@ -177,9 +186,13 @@ def _attend_split(qkv_ptr, q_norm_ptr, k_norm_ptr, eps, rope_ptr, positions_ptr,
 
 @triton.jit
 def _merge_splits(partial_ptr, lse_ptr, out_ptr, splits, group: tl.constexpr, head_dim: tl.constexpr,
-                  split_block: tl.constexpr, pdl: tl.constexpr):
+                  split_block: tl.constexpr, pdl: tl.constexpr, launched_pdl: tl.constexpr):
     if pdl:
         lse_ptr += let_dependents_launch()
+    if launched_pdl:  # launched while the attention runs
+        after = wait_for_inputs()
+        lse_ptr += after
+        partial_ptr += after
     row, g = tl.program_id(0).to(tl.int64), tl.program_id(1)  # row: (batch row, kv head) flattened
     d = tl.arange(0, head_dim)
     base = row * splits * group + g
@@ -208,8 +221,10 @@ def supports(head_dim: int) -> bool:
 
 
 def launch(attend, merge, qkv: Tensor, q_norm: Tensor | None, k_norm: Tensor | None, eps: float, rope: Tensor,
-           k_cache: Tensor, v_cache: Tensor, positions: Tensor, n_keys, n_heads: int, one_row: bool) -> Tensor:
-    """Run the kernels (_attend_split and _merge_splits, or them wrapped for Inductor); see decode_attention."""
+           k_cache: Tensor, v_cache: Tensor, positions: Tensor, n_keys, n_heads: int, one_row: bool,
+           launched_pdl: bool = False) -> Tensor:
+    """Run the kernels (_attend_split and _merge_splits, or them wrapped for Inductor); see decode_attention.
+    launched_pdl: launch them with programmatic dependent launch (raw kernels only; where pdl_available)."""
     batch, kv_heads, capacity, head_dim = k_cache.shape
     group = n_heads // kv_heads
     torch._check(k_cache.stride(3) == 1 and v_cache.stride(3) == 1, lambda: "the caches need unit stride on D")
@@ -226,6 +241,8 @@ def launch(attend, merge, qkv: Tensor, q_norm: Tensor | None, k_norm: Tensor | N
         lse = torch.empty((batch, kv_heads, splits, group), device=qkv.device, dtype=torch.float32)
     log2e = 1.4426950408889634
     pdl = pdl_available(qkv.device)
+    launched_pdl = launched_pdl and pdl
+    launch_options = {"launch_pdl": True} if launched_pdl else {}
     attend[(batch, kv_heads, splits)](
         qkv, qkv if q_norm is None else q_norm, qkv if k_norm is None else k_norm, eps, rope, positions,
         k_cache, v_cache, partial, lse, out, n_keys, qkv.stride(0), rope.stride(0),
@@ -233,10 +250,12 @@ def launch(attend, merge, qkv: Tensor, q_norm: Tensor | None, k_norm: Tensor | N
         scale_log2=head_dim ** -0.5 * log2e, n_heads=n_heads, kv_heads=kv_heads, group=group,
         rows=max(MIN_DOT, triton.next_power_of_2(group)), head_dim=head_dim, has_qk_norm=q_norm is not None,
         split_keys=split_keys, block_keys=min(BLOCK_KEYS, split_keys), ieee=qkv.dtype == torch.float32,
-        direct=direct, early_keys=one_row, pdl=pdl, num_warps=NUM_WARPS, num_stages=NUM_STAGES)
+        direct=direct, early_keys=one_row, pdl=pdl, launched_pdl=launched_pdl, num_warps=NUM_WARPS,
+        num_stages=NUM_STAGES, **launch_options)
     if not direct:
         merge[(batch * kv_heads, group)](partial, lse, out, splits, group=group, head_dim=head_dim,
-                                           split_block=ONE_ROW_MERGE_BLOCK if one_row else 1, pdl=pdl)
+                                           split_block=ONE_ROW_MERGE_BLOCK if one_row else 1, pdl=pdl,
+                                           launched_pdl=launched_pdl, **launch_options)
     return out
 
 
@@ -255,3 +274,23 @@ def decode_attention(qkv: Tensor, q_norm: Tensor | None, k_norm: Tensor | None, 
     one_row = statically_known_true(qkv.shape[0] == 1)
     return launch(wrap_triton(_attend_split), wrap_triton(_merge_splits), qkv, q_norm, k_norm, eps, rope,
                   k_cache, v_cache, positions, n_keys, n_heads, one_row)
+
+
+# No defaults: torch 2.11 drops a mutated custom-op argument that has one (docs/PERFORMANCE.md, 2026-11-26).
+@torch.library.custom_op("s1mini::decode_attention_one_row", mutates_args=("k_cache", "v_cache"))
+def decode_attention_one_row(qkv: Tensor, q_norm: Tensor | None, k_norm: Tensor | None, eps: float, rope: Tensor,
+                             k_cache: Tensor, v_cache: Tensor, positions: Tensor, n_keys: int, n_heads: int) -> Tensor:
+    """decode_attention for one row (qkv (1, ...)), its kernels launched with programmatic dependent
+    launch: each program requests its position, rotation and first block of cached keys while the
+    QKV projection before it still runs, and waits for that projection only to read the token.
+    Inductor launches a triton_op's kernels without PDL (torch 2.11), so this one is opaque to it,
+    as fused_linear is."""
+    torch._check(qkv.shape[0] == 1, lambda: "decode_attention_one_row takes one row")
+    return launch(_attend_split, _merge_splits, qkv, q_norm, k_norm, eps, rope, k_cache, v_cache, positions, n_keys,
+                  n_heads, one_row=True, launched_pdl=True)
+
+
+@decode_attention_one_row.register_fake
+def _(qkv: Tensor, q_norm: Tensor | None, k_norm: Tensor | None, eps: float, rope: Tensor, k_cache: Tensor,
+      v_cache: Tensor, positions: Tensor, n_keys: int, n_heads: int) -> Tensor:
+    return qkv.new_empty((1, n_heads * k_cache.shape[3]))

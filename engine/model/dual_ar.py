@@ -220,9 +220,9 @@ class Attention(nn.Module):
         if seqlen == 1 and self.decode_kernel and qkv.is_cuda and torch.compiler.is_compiling():
             # The compiled decode step: norms, RoPE, the KV write and attention over each row's own
             # live keys (positions 0..p) in one kernel, where they were five to seven.
-            out = attention_kernel.decode_attention(
-                qkv.reshape(bsz, -1), *self.kernel_norms(), rope.reshape(bsz, -1), kv.k, kv.v, kv.positions[:, 0],
-                kv.key_positions.shape[0], self.n_head)
+            op = attention_kernel.decode_attention_one_row if bsz == 1 else attention_kernel.decode_attention
+            out = op(qkv.reshape(bsz, -1), *self.kernel_norms(), rope.reshape(bsz, -1), kv.k, kv.v, kv.positions[:, 0],
+                     kv.key_positions.shape[0], self.n_head)
             return out.view(bsz, 1, -1)
         q_size, kv_size = self.n_head * self.head_dim, self.n_kv_heads * self.head_dim
         q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
