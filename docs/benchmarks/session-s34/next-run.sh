@@ -1,0 +1,22 @@
+# Prepared for the next device session (not run): whole-k-blocks.diff and two variants, each against main (.base/).
+# Set up here first (from the repository root):
+#   for t in base wk wkgu wkn2; do rm -rf .$t && mkdir .$t && git archive HEAD engine scripts assets app $(git ls-files 'tests/*.py') | tar -x -C .$t; done
+#   for t in wk wkgu wkn2; do (cd .$t && patch -p1 -s < ../docs/benchmarks/session-s34/whole-k-blocks.diff); done
+#   sed -i 's/Launch(block_n=4, block_k=512, num_warps=8),  # gate\/up/Launch(block_n=4, block_k=1024, num_warps=8),  # gate\/up/' .wkgu/engine/model/fused_linear.py
+#   sed -i 's/Launch(block_n=4, block_k=4096, num_warps=8),  # down/Launch(block_n=2, block_k=4096, num_warps=8),  # down/' .wkn2/engine/model/fused_linear.py
+#   carry: .whl .base .wk .wkgu .wkn2
+# PART=1: batch-1 frames, twice each (~50 s a cold profile); PART=2: the GPU tests of the fused projections and the step.
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
+export PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name --format=csv,noheader; date -u
+profile() {
+  local tree=$1; shift
+  (cd $tree && timeout 60 python scripts/profile_step.py --weights random --frames 40 "$@") > /tmp/ps.txt 2>&1
+  echo "$* $tree rc $? $(grep graphed /tmp/ps.txt) | $(grep -E '_attend|_fused_linear|_merge' /tmp/ps.txt | tr -s ' ' | tr '\n' ' ')"
+}
+case "${PART:-1}" in
+  1) for tree in .base .wk .wkgu .wkn2 .base .wk .wkgu .wkn2; do profile $tree; done ;;
+  2) timeout 500 python -m pytest -m gpu tests/test_fused_linear.py tests/test_gpu.py -q -p no:cacheprovider > $OUT/tests-gpu.txt 2>&1
+     echo "GPU tests rc $? $(tail -1 $OUT/tests-gpu.txt)" ;;
+esac
+date -u
