@@ -62,9 +62,10 @@ def time_case(batch: int, kv_len: int, lengths: str) -> dict:
     ops_us = microseconds_per_call(lambda i: ops_attend(qkv, rope, layers[i]), LAYERS)
     norms, positions = attn.kernel_norms(), layers[0].positions[:, 0]
 
+    op = kernel.decode_attention_one_row if batch == 1 else kernel.decode_attention  # as Attention.attend picks
+
     def kernel_call(i):
-        return kernel.decode_attention(qkv[:, 0], *norms, rope.reshape(batch, -1), layers[i].k, layers[i].v,
-                                       positions, kv_len, attn.n_head)
+        return op(qkv[:, 0], *norms, rope.reshape(batch, -1), layers[i].k, layers[i].v, positions, kv_len, attn.n_head)
 
     chosen = (kernel.SPLIT_KEYS, kernel.ONE_ROW_SPLIT_KEYS, kernel.BLOCK_KEYS, kernel.NUM_WARPS, kernel.NUM_STAGES)
     timed = []
