@@ -4,8 +4,12 @@
 #   for t in wk wkgu wkn2; do (cd .$t && patch -p1 -s < ../docs/benchmarks/session-s34/whole-k-blocks.diff); done
 #   sed -i 's/Launch(block_n=4, block_k=512, num_warps=8),  # gate\/up/Launch(block_n=4, block_k=1024, num_warps=8),  # gate\/up/' .wkgu/engine/model/fused_linear.py
 #   sed -i 's/Launch(block_n=4, block_k=4096, num_warps=8),  # down/Launch(block_n=2, block_k=4096, num_warps=8),  # down/' .wkn2/engine/model/fused_linear.py
-#   carry: .whl .base .wk .wkgu .wkn2
-# PART=1: batch-1 frames, twice each (~50 s a cold profile); PART=2: the GPU tests of the fused projections and the step.
+#   for t in s32 s128; do rm -rf .$t && cp -r .base .$t; done   # one row's keys a program, now that they load before the PDL wait
+#   sed -i 's/^SPLIT_KEYS, ONE_ROW_SPLIT_KEYS, BLOCK_KEYS = 256, 64, 64/SPLIT_KEYS, ONE_ROW_SPLIT_KEYS, BLOCK_KEYS = 256, 32, 64/' .s32/engine/model/decode_attention.py
+#   sed -i 's/^SPLIT_KEYS, ONE_ROW_SPLIT_KEYS, BLOCK_KEYS = 256, 64, 64/SPLIT_KEYS, ONE_ROW_SPLIT_KEYS, BLOCK_KEYS = 256, 128, 64/' .s128/engine/model/decode_attention.py
+#   carry: .whl .base .wk .wkgu .wkn2 (PART=1), .whl .base .s32 .s128 (PART=3)
+# PART=1: batch-1 frames, twice each (~50 s a cold profile); PART=2: the GPU tests of the fused projections and the step;
+# PART=3: one row's split of 32 or 128 keys against 64 (block_keys is min(64, split): 32 keys are one block of 32).
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
 export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name --format=csv,noheader; date -u
@@ -16,6 +20,7 @@ profile() {
 }
 case "${PART:-1}" in
   1) for tree in .base .wk .wkgu .wkn2 .base .wk .wkgu .wkn2; do profile $tree; done ;;
+  3) for tree in .base .s32 .s128 .base .s32 .s128; do profile $tree; done ;;
   2) timeout 500 python -m pytest -m gpu tests/test_fused_linear.py tests/test_gpu.py -q -p no:cacheprovider > $OUT/tests-gpu.txt 2>&1
      echo "GPU tests rc $? $(tail -1 $OUT/tests-gpu.txt)" ;;
 esac
