@@ -107,7 +107,9 @@ def pdl_requested() -> bool:
 
 @functools.cache
 def _has_pdl(device_index: int) -> bool:
-    return torch.cuda.get_device_capability(device_index) >= (9, 0)
+    # ROCm reports its own architectures as capabilities (9.0 and up on MI200/MI300), and has no
+    # griddepcontrol: PDL is NVIDIA's (Hopper and newer) only.
+    return torch.version.hip is None and torch.cuda.get_device_capability(device_index) >= (9, 0)
 
 
 def pdl_available(device: torch.device) -> bool:

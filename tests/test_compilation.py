@@ -56,6 +56,15 @@ def _no_pdl_choice_in_the_environment(monkeypatch):
     monkeypatch.delenv("TORCHINDUCTOR_ENABLE_PDL", raising=False)
 
 
+@pytest.mark.parametrize("hip, capability, expected", [(None, (9, 0), True), (None, (8, 9), False),
+                                                      ("6.2", (9, 4), False)])
+def test_our_kernels_use_pdl_on_nvidia_hopper_and_newer_only(monkeypatch, hip, capability, expected):
+    """ROCm reports MI300 as capability 9.4: it has no griddepcontrol, so no PDL there."""
+    monkeypatch.setattr(torch.version, "hip", hip)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=None: capability)
+    assert compilation._has_pdl.__wrapped__(0) is expected
+
+
 def test_max_autotune_mode_turns_on_inductor_tuning_and_default_mode_does_not():
     policy = decide("auto", CUDA, LINUX_TRITON, compile_mode="max-autotune")
     assert policy.inductor_options == {"coordinate_descent_tuning": True, "max_autotune": True, **PDL}

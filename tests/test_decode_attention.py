@@ -75,16 +75,35 @@ def test_bf16_is_as_close_to_fp32_as_the_plain_bf16_path(shape):
         assert (g.float() - r).abs().max() <= 2 * (o.float() - r).abs().max() + 1e-6, name
 
 
+def one_row_arguments(attn, qkv, rope, k_cache, v_cache, positions, n_keys):
+    return (qkv, *attn.kernel_norms(), rope.reshape(1, -1), k_cache, v_cache, positions, n_keys, attn.n_head)
+
+
 @pytest.mark.parametrize("n_keys, shape", [(512, SLOW), (300, SLOW), (10, FAST), (4, FAST)])
 def test_the_one_row_op_launched_with_pdl_equals_the_op_for_batches(n_keys, shape):
     """decode_attention_one_row (the batch-1 step's: the same kernels, launched with programmatic
-    dependent launch) gives the bits of decode_attention, KV writes included."""
+    dependent launch) gives the bits of decode_attention, KV writes included. It runs first, on
+    scratch blocks the caching allocator last handed out full of NaN: a merge that read the splits
+    before the attention had written them would return NaN."""
     attn, qkv, rope, k_cache, v_cache, positions = case = attention_case(1, n_keys, torch.bfloat16, **shape)
-    expected = kernel(*case, n_keys)
+    splits = max(1, -(-n_keys // attention_kernel.ONE_ROW_SPLIT_KEYS))
+    group, head_dim = attn.n_head // attn.n_kv_heads, attn.head_dim
+    poisoned = [torch.full(size, float("nan"), device="cuda") for size in
+                ((1, attn.n_kv_heads, splits, group, head_dim), (1, attn.n_kv_heads, splits, group))]
+    del poisoned  # freed: the op's torch.empty of these sizes gets these blocks back
     k_got, v_got = k_cache.clone(), v_cache.clone()
-    out = attention_kernel.decode_attention_one_row(qkv, *attn.kernel_norms(), rope.reshape(1, -1), k_got, v_got,
-                                                    positions, n_keys, attn.n_head)
+    out = attention_kernel.decode_attention_one_row(*one_row_arguments(attn, qkv, rope, k_got, v_got, positions, n_keys))
+    expected = kernel(*case, n_keys)
     assert torch.equal(out, expected[0]) and torch.equal(k_got, expected[1]) and torch.equal(v_got, expected[2])
+
+
+def test_the_one_row_op_declares_its_mutations_and_fake_shapes():
+    """torch.library.opcheck: the schema's mutated caches, the fake implementation's output, and
+    dispatch under torch.compile's tracing agree with what the op does."""
+    attn, qkv, rope, k_cache, v_cache, positions = attention_case(1, 300, torch.bfloat16, **SLOW)
+    torch.library.opcheck(attention_kernel.decode_attention_one_row,
+                          one_row_arguments(attn, qkv, rope, k_cache, v_cache, positions, 300),
+                          test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_dynamic"))
 
 
 def test_only_the_new_position_of_each_row_is_written():

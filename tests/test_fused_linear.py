@@ -105,9 +105,11 @@ def full_size_block(dtype):
 def test_a_compiled_block_with_fused_projections_in_a_cuda_graph_equals_the_eager_block(monkeypatch, quantize):
     """The path Block takes in the compiled batch-1 decode step (one row, one position, in a CUDA
     graph): fp32, equal to the eager block, KV writes included; with int8 weights (torchao's, as
-    --quantize int8 makes them), equal to the eager block on the same weights. Every kernel of it
-    is launched with programmatic dependent launch on Hopper, so that each starts while the one
-    before runs: a load ordered wrongly against its wait would read a stale input here."""
+    --quantize int8 makes them), equal to the eager block on the same weights. On Hopper every kernel
+    of it is launched with programmatic dependent launch, each starting while the one before runs: an
+    attention that read the projected token, or a merge that read the splits, before its wait would
+    read graph-pool memory not yet written at this first replay. (The loads a kernel makes before its
+    wait read what kernels long finished wrote; tests/test_gpu.py's graphed steps cover those.)"""
     import types
 
     from engine.model import dual_ar
