@@ -23,7 +23,7 @@ case "${PART:-1}" in
   1) for tree in .base .wk .wkgu .wkn2 .base .wk .wkgu .wkn2; do profile $tree; done ;;
   4) timeout 300 python docs/benchmarks/session-s34/timeline_probe.py --frames 100 --json $OUT/timeline.json 2>&1 | grep -v -i warn | tail -25 ;;
   3) for tree in .base .s32 .s128 .base .s32 .s128; do profile $tree; done ;;
-  2) timeout 500 python -m pytest -m gpu tests/test_fused_linear.py tests/test_gpu.py -q -p no:cacheprovider > $OUT/tests-gpu.txt 2>&1
+  2) timeout 500 python -m pytest -m gpu tests/test_decode_attention.py tests/test_fused_linear.py tests/test_gpu.py -q -p no:cacheprovider > $OUT/tests-gpu.txt 2>&1
      echo "GPU tests rc $? $(tail -1 $OUT/tests-gpu.txt)" ;;
 esac
 date -u
