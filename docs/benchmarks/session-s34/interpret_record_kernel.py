@@ -24,7 +24,7 @@ for seed in range(6):
         frame = torch.randint(0, 4096, (batch, codebooks + 1), generator=g)
         frame[2, 0] = im_end if seed % 2 else frame[2, 0]
         expected = copy.deepcopy(state)
-        record_frame(expected, list(frame.unbind(1)), im_end)
+        record_frame(expected, frame, im_end)
         h = state.history
         record_kernel.record_rows(frame, state.active, h.ids, h.generated, state.frames, state.done, state.length,
                                   state.columns, state.positions, im_end)

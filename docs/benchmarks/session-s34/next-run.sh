@@ -7,15 +7,13 @@
 #   for t in s32 s128; do rm -rf .$t && cp -r .base .$t; done   # one row's keys a program, now that they load before the PDL wait
 #   sed -i 's/^SPLIT_KEYS, ONE_ROW_SPLIT_KEYS, BLOCK_KEYS = 256, 64, 64/SPLIT_KEYS, ONE_ROW_SPLIT_KEYS, BLOCK_KEYS = 256, 32, 64/' .s32/engine/model/decode_attention.py
 #   sed -i 's/^SPLIT_KEYS, ONE_ROW_SPLIT_KEYS, BLOCK_KEYS = 256, 64, 64/SPLIT_KEYS, ONE_ROW_SPLIT_KEYS, BLOCK_KEYS = 256, 128, 64/' .s128/engine/model/decode_attention.py
-#   rm -rf .glue && cp -r .base .glue && (cd .glue && patch -p1 -s < ../docs/benchmarks/session-s34/glue-kernels.diff)
 #   rm -rf .record && cp -r .base .record && (cd .record && patch -p1 -s < ../docs/benchmarks/session-s34/record-kernel.diff)
-#   carry: .whl .base .wk .wkgu .wkn2 (PART=1), .whl .base .s32 .s128 (PART=3), .whl .base .glue .record (PART=5)
+#   carry: .whl .base .wk .wkgu .wkn2 (PART=1), .whl .base .s32 .s128 (PART=3), .whl .base .record (PART=5)
 # PART=1: batch-1 frames, twice each (~50 s a cold profile); PART=2: the GPU tests of the fused projections and the step;
 # PART=3: one row's split of 32 or 128 keys against 64 (block_keys is min(64, split): 32 keys are one block of 32);
 # PART=4: timeline_probe.py on main (where each kernel's time sits on the frame's critical path; ~60 s cold);
-# PART=5: glue-kernels.diff (no key mask and no eager stack in the compiled step) and record-kernel.diff (that and the
-# step's bookkeeping in one kernel) at batch 1 twice, batch 64 once; with the winner applied, PART=2 plus
-# tests/test_record_kernel.py tests/test_batched_step.py tests/test_engine_batching.py.
+# PART=5: record-kernel.diff (the step's bookkeeping in one kernel) at batch 1 twice, batch 64 once; if it wins, apply
+# it and run PART=2 plus tests/test_record_kernel.py tests/test_batched_step.py tests/test_engine_batching.py.
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
 export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name --format=csv,noheader; date -u
@@ -26,8 +24,8 @@ profile() {
 }
 case "${PART:-1}" in
   1) for tree in .base .wk .wkgu .wkn2 .base .wk .wkgu .wkn2; do profile $tree; done ;;
-  5) for tree in .base .glue .record .base .glue .record; do profile $tree; done
-     for tree in .base .glue .record; do profile $tree --batch 64 --kv 512; done ;;
+  5) for tree in .base .record .base .record; do profile $tree; done
+     for tree in .base .record; do profile $tree --batch 64 --kv 512; done ;;
   4) timeout 300 python docs/benchmarks/session-s34/timeline_probe.py --frames 100 --json $OUT/timeline.json 2>&1 | grep -v -i warn | tail -25 ;;
   3) for tree in .base .s32 .s128 .base .s32 .s128; do profile $tree; done ;;
   2) timeout 500 python -m pytest -m gpu tests/test_decode_attention.py tests/test_fused_linear.py tests/test_gpu.py -q -p no:cacheprovider > $OUT/tests-gpu.txt 2>&1
