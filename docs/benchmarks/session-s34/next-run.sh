@@ -8,12 +8,16 @@
 #   sed -i 's/^SPLIT_KEYS, ONE_ROW_SPLIT_KEYS, BLOCK_KEYS = 256, 64, 64/SPLIT_KEYS, ONE_ROW_SPLIT_KEYS, BLOCK_KEYS = 256, 32, 64/' .s32/engine/model/decode_attention.py
 #   sed -i 's/^SPLIT_KEYS, ONE_ROW_SPLIT_KEYS, BLOCK_KEYS = 256, 64, 64/SPLIT_KEYS, ONE_ROW_SPLIT_KEYS, BLOCK_KEYS = 256, 128, 64/' .s128/engine/model/decode_attention.py
 #   rm -rf .record && cp -r .base .record && (cd .record && patch -p1 -s < ../docs/benchmarks/session-s34/record-kernel.diff)
-#   carry: .whl .base .wk .wkgu .wkn2 (PART=1), .whl .base .s32 .s128 (PART=3), .whl .base .record (PART=5)
+#   rm -rf .side && cp -r .base .side && (cd .side && patch -p1 -s < ../docs/benchmarks/session-s34/side-stream.diff)
+#   carry: .whl .base .wk .wkgu .wkn2 (PART=1), .whl .base .s32 .s128 (PART=3), .whl .base .record (PART=5), .whl .base .side (PART=6)
 # PART=1: batch-1 frames, twice each (~50 s a cold profile); PART=2: the GPU tests of the fused projections and the step;
 # PART=3: one row's split of 32 or 128 keys against 64 (block_keys is min(64, split): 32 keys are one block of 32);
 # PART=4: timeline_probe.py on main (where each kernel's time sits on the frame's critical path; ~60 s cold);
 # PART=5: record-kernel.diff (the step's bookkeeping in one kernel) at batch 1 twice, batch 64 once; if it wins, apply
-# it and run PART=2 plus tests/test_record_kernel.py tests/test_batched_step.py tests/test_engine_batching.py.
+# it and run PART=2 plus tests/test_record_kernel.py tests/test_batched_step.py tests/test_engine_batching.py;
+# PART=6 (run it first: the largest expected gain): side-stream.diff, codebook 0's head and sampler on a second stream
+# beside fast position 0, at batch 1 twice and batch 64 once; then its GPU tests in the .side tree (tests/test_gpu.py
+# compares the graphed step's codes with plain generation's, which runs on one stream).
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
 export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name --format=csv,noheader; date -u
@@ -24,6 +28,10 @@ profile() {
 }
 case "${PART:-1}" in
   1) for tree in .base .wk .wkgu .wkn2 .base .wk .wkgu .wkn2; do profile $tree; done ;;
+  6) for tree in .base .side .base .side; do profile $tree; done
+     for tree in .base .side; do profile $tree --batch 64 --kv 512; done
+     (cd .side && timeout 280 python -m pytest -m gpu tests/test_gpu.py -q -p no:cacheprovider) > $OUT/tests-side.txt 2>&1
+     echo "side GPU tests rc $? $(tail -1 $OUT/tests-side.txt)" ;;
   5) for tree in .base .record .base .record; do profile $tree; done
      for tree in .base .record; do profile $tree --batch 64 --kv 512; done ;;
   4) timeout 300 python docs/benchmarks/session-s34/timeline_probe.py --frames 100 --json $OUT/timeline.json 2>&1 | grep -v -i warn | tail -25 ;;
