@@ -9,6 +9,7 @@ drives one sequence from its prompt to `<|im_end|>` or its frame budget.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
@@ -182,6 +183,9 @@ class StepOps:
     embed: Callable = embed_and_rotation  # the slow transformer's inputs from the columns
     record: Callable | None = None  # decode_step.record_frame's replacement (None: that function itself)
     sampling_inputs: Callable = sampling_inputs  # the frame's valid history entries and noise counters
+    # A CUDA stream for codebook 0's head and sampler, which then run beside fast position 0 (None:
+    # one stream). Fast position 0 reads neither: it only fills the fast KV cache from the slow state.
+    side_stream: torch.cuda.Stream | None = None
 
 
 def sample_frame(model: DualARTransformer, head, hidden: Tensor, params: SamplingTensors, history: FrameHistory,
@@ -202,8 +206,12 @@ def next_frame(model: DualARTransformer, head, hidden: Tensor, params: SamplingT
     # Every fast position's rotation, made once per frame.
     fast_rope = model.rope_fast[None, :n_codebooks].expand(batch, -1, -1, -1).contiguous()
 
-    token, code, first_input = ops.sample_first(head, head.logits(hidden, ops.head), params, history.ids[:, 0], valid,
-                                                counters[:, 0], model.fast_embeddings.weight)
+    side = ops.side_stream if hidden.is_cuda else None
+    if side is not None:  # two branches (of the captured graph), joined before fast position 1
+        side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
+        token, code, first_input = ops.sample_first(head, head.logits(hidden, ops.head), params, history.ids[:, 0],
+                                                    valid, counters[:, 0], model.fast_embeddings.weight)
     codes = [code]
     x = hidden
     for k in range(n_codebooks):
@@ -213,6 +221,10 @@ def next_frame(model: DualARTransformer, head, hidden: Tensor, params: SamplingT
         n_logits = 0 if k == 0 else layout.residual_codebook_size
         fast_logits = model.forward_fast(x, views, n_logits, ops.fast_block, ops.head, fast_rope[:, k:k + 1])
         if k == 0:
+            if side is not None:
+                # What the side stream made is used here on, and freed, only before the next frame's
+                # fork: its blocks are not handed out again while this stream still reads them.
+                torch.cuda.current_stream().wait_stream(side)
             x = first_input
         else:
             code, x = ops.sample_code(fast_logits[:, 0], params, history.ids[:, k], valid, counters[:, k],

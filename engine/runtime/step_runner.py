@@ -178,10 +178,10 @@ class StepRunner:
             self.prefill_block = _length_generic(torch.compile(_prefill_block, fullgraph=True, backend=prefill_backend))
             self._pending_batched_prefill = _length_generic(
                 torch.compile(_batched_prefill_block, fullgraph=True, backend=prefill_backend), batch=True)
-        self.ops = ops
+        self.ops = ops  # gains its side stream with the graph stream (_graph_stream)
 
         def step(state: DecodeState, key_positions: Tensor) -> None:
-            decode_step(self.model, self.head, self.cache, self.fast_cache, state, key_positions, ops)
+            decode_step(self.model, self.head, self.cache, self.fast_cache, state, key_positions, self.ops)
 
         return step
 
@@ -264,7 +264,15 @@ class StepRunner:
         the caller's, so that they rank as its other work does."""
         if self._capture_stream is None:
             self._capture_stream = torch.cuda.Stream(priority=torch.cuda.current_stream().priority)
+            if self.policy.compile:
+                self.ops = dataclasses.replace(self.ops, side_stream=self._side_stream())
         return self._capture_stream
+
+    def _side_stream(self) -> torch.cuda.Stream | None:
+        """The stream codebook 0's head and sampler run on beside fast position 0 in the compiled step
+        (StepOps.side_stream), made with the graph stream and of its priority: a graph's kernels keep
+        the priority of the stream they were captured on."""
+        return torch.cuda.Stream(priority=self._capture_stream.priority)
 
     def _capture(self, batch: int, kv: int) -> None:
         args = (self._views[batch], self.key_positions[:kv])
