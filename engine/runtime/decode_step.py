@@ -21,6 +21,11 @@ from .generate import FrameHistory, StepOps, next_frame
 from .kv_cache import KVCache
 from .sampling import SamplingTensors
 
+try:  # the compiled step's bookkeeping in one kernel
+    from . import record_kernel
+except ImportError:  # no Triton (or a broken one, as engine.compilation treats it): Inductor compiles record_frame
+    record_kernel = None
+
 
 @dataclass
 class DecodeState:
@@ -101,7 +106,12 @@ def decode_step(model: DualARTransformer, head, cache: KVCache, fast_cache: KVCa
 
 def record_frame(state: DecodeState, frame: Tensor, im_end_id: int) -> None:
     """Record each row's new frame (B, 1 + num_codebooks): in its history and its frames, and
-    advance the rows that run (one unit, so that a compiled step does it in a few kernels)."""
+    advance the rows that run (one unit: compiled for CUDA, one record_kernel kernel)."""
+    if record_kernel is not None and frame.is_cuda and torch.compiler.is_compiling():
+        h = state.history
+        record_kernel.record_rows(frame, state.active, h.ids, h.generated, state.frames, state.done, state.length,
+                                  state.columns, state.positions, im_end_id)
+        return
     state.history.push(frame, state.active)
     # An idle row (never started: generated is 0) rewrites frame 0 of its unused slot.
     index = (state.history.generated - 1).clamp_min(0)[:, None, None].expand(-1, frame.shape[1], 1)
