@@ -24,7 +24,8 @@ def sample() -> None:
             counts[tuple(f"{f.filename.split('site-packages/')[-1]}:{f.lineno}:{f.name}" for f in reversed(stack))] += 1
 
 
-threading.Thread(target=sample, daemon=True).start()
+sampler = threading.Thread(target=sample, daemon=True)
+sampler.start()
 sys.argv = [script, *args]
 sys.path.insert(0, os.path.dirname(os.path.abspath(script)))  # as `python script` would
 started = time.perf_counter()
@@ -34,6 +35,7 @@ except SystemExit:
     pass
 finally:
     stop.set()
+    sampler.join()
     by_function: collections.Counter = collections.Counter()
     for stack, n in counts.items():
         for part in set(stack):  # inclusive time of each frame
