@@ -167,6 +167,18 @@ def _inductor_default_cache_dir() -> str | None:
     return os.path.abspath(default_cache_dir())
 
 
+def _pin_ptxas() -> None:
+    """Compile every Triton kernel with torch's bundled ptxas, as Inductor does once it compiles one.
+    Triton's cache key holds the ptxas version: without this, a cold start (Inductor compiles, and
+    sets TRITON_PTXAS_PATH) cached our own kernels under keys that a warm start (Inductor loads from
+    its cache, sets nothing) missed, so the first warm start compiled them again (~5 s, 2026-11-27)."""
+    if os.environ.get("TRITON_PTXAS_PATH") is not None:
+        return
+    ptxas = Path(torch.__file__).parent / "bin" / "ptxas"
+    if ptxas.is_file() and os.access(ptxas, os.X_OK):
+        os.environ["TRITON_PTXAS_PATH"] = str(ptxas)
+
+
 def configure_caches(cache_root: Path) -> dict[str, str]:
     """Point Inductor and Triton at persistent dirs (unless the user already did) and turn caches on."""
     dirs = {
@@ -180,6 +192,7 @@ def configure_caches(cache_root: Path) -> dict[str, str]:
         if os.environ.get(var) in (None, torch_defaults.get(var)):
             os.environ[var] = path
         Path(os.environ[var]).mkdir(parents=True, exist_ok=True)
+    _pin_ptxas()
     import torch._inductor.config as inductor_config
 
     inductor_config.fx_graph_cache = True

@@ -128,6 +128,22 @@ def test_caches_replace_the_temp_dir_that_importing_dynamo_sets(tmp_path, monkey
     assert compilation.configure_caches(tmp_path / "compile")["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "chosen")
 
 
+def test_caches_pin_torchs_ptxas_so_cold_and_warm_starts_share_triton_keys(tmp_path, monkeypatch):
+    """Inductor points Triton at torch's ptxas only when it compiles (a cold start); our kernels must
+    get that ptxas on warm starts too, or their cache keys differ and they compile again."""
+    ptxas = tmp_path / "torch" / "bin" / "ptxas"
+    ptxas.parent.mkdir(parents=True)
+    ptxas.write_text("#!/bin/sh\n")
+    ptxas.chmod(0o755)
+    monkeypatch.setattr(torch, "__file__", str(tmp_path / "torch" / "__init__.py"))
+    monkeypatch.delenv("TRITON_PTXAS_PATH", raising=False)
+    compilation.configure_caches(tmp_path / "compile")
+    assert os.environ["TRITON_PTXAS_PATH"] == str(ptxas)
+    monkeypatch.setenv("TRITON_PTXAS_PATH", "/opt/cuda/bin/ptxas")  # the user's choice wins
+    compilation.configure_caches(tmp_path / "compile")
+    assert os.environ["TRITON_PTXAS_PATH"] == "/opt/cuda/bin/ptxas"
+
+
 def test_environment_detection_reports_this_machine():
     env = Environment.detect()
     assert env.torch == torch.__version__ and env.cuda == torch.cuda.is_available()
