@@ -443,15 +443,29 @@ def _reference_signal(seconds: float, seed: int = 0):
 # ---- report ----------------------------------------------------------------------------------------
 
 
+def project_commit(root: Path = ROOT) -> str:
+    """HEAD's short hash, with "+modified" when tracked files differ from it (a benchmark machine's copy
+    of a working tree can come with a stale .git: its HEAD alone would name the wrong code).
+    S1_COMMIT, when set, names the commit instead."""
+    if os.environ.get("S1_COMMIT"):
+        return os.environ["S1_COMMIT"]
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True).stdout.strip()
+
+    head = git("rev-parse", "--short", "HEAD")
+    if not head:
+        return "unknown"
+    return head + ("+modified" if git("status", "--porcelain", "--untracked-files=no") else "")
+
+
 def environment() -> dict:
     import torch
 
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
     return {
         "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
         "torch": torch.__version__,
-        # S1_COMMIT names the commit where the tree's .git is absent or stale (a benchmark machine's copy).
-        "commit": os.environ.get("S1_COMMIT") or commit.stdout.strip() or "unknown",
+        "commit": project_commit(),
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
         "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
     }

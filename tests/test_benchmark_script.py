@@ -121,3 +121,30 @@ def test_the_start_up_reports_the_stages_of_torch_compile():
     stages = benchmark.torch_compile_stages()
     assert set(stages) <= set(benchmark.COMPILE_STAGES.values()) and stages["all"] > 0
     assert all(0 <= seconds <= stages["all"] for seconds in stages.values())
+
+
+def test_the_reported_commit_says_when_the_tree_differs_from_it(tmp_path, monkeypatch):
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        import benchmark
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
+    monkeypatch.delenv("S1_COMMIT", raising=False)
+    assert benchmark.project_commit(tmp_path) == "unknown"  # no repository here
+
+    def git(*args):
+        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=tmp_path, check=True,
+                       capture_output=True)
+
+    git("init", "-q")
+    (tmp_path / "a.txt").write_text("one\n")
+    git("add", "a.txt")
+    git("commit", "-qm", "one")
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=tmp_path, capture_output=True,
+                          text=True).stdout.strip()
+    (tmp_path / "new.txt").write_text("untracked files do not count\n")
+    assert benchmark.project_commit(tmp_path) == head
+    (tmp_path / "a.txt").write_text("two\n")
+    assert benchmark.project_commit(tmp_path) == head + "+modified"
+    monkeypatch.setenv("S1_COMMIT", "abc1234")
+    assert benchmark.project_commit(tmp_path) == "abc1234"
