@@ -1,0 +1,18 @@
+# Prepared for the next device session (not run): issue #5 re-measured on main over HTTP, as on 2026-11-25
+# (session-ebf5f69/ab.sh): launch.py --random-weights --no-ui, then load_test.py bursts of 64 streams
+# (the first brings new clips, the next two repeat them: voices cached) and one stream's first audio.
+# carry: .whl (holds fastapi, uvicorn, httptools and uvloop since 2026-11-27). ~4 minutes on a cold machine.
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+export PYTHONPATH=/tmp/site:. PYTHONUNBUFFERED=1 S1_COMMIT=${S1_COMMIT:-}
+nvidia-smi --query-gpu=name --format=csv,noheader; date -u
+python launch.py --random-weights --no-ui > $OUT/server.txt 2>&1 &
+PID=$!
+for i in $(seq 1 240); do curl -sf http://127.0.0.1:7860/ready > /dev/null && break; sleep 1; done
+for j in $(seq 1 180); do grep -q "start-up objects moved out" $OUT/server.txt && break; sleep 1; done
+echo "ready ${i}s, every graph ${j}s more"
+for run in first repeat repeat2; do
+  timeout 120 python scripts/load_test.py --levels 64 --requests-per-client 1 --json $OUT/load-$run.json 2>&1 | grep streams
+done
+timeout 120 python scripts/load_test.py --levels 1 --requests-per-client 20 --json $OUT/load-one.json 2>&1 | grep streams
+kill -INT $PID; wait $PID
+date -u
