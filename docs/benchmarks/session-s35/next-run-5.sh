@@ -8,7 +8,8 @@ nvidia-smi --query-gpu=name --format=csv,noheader; date -u
 python launch.py --random-weights --no-ui > $OUT/server.txt 2>&1 &
 PID=$!
 for i in $(seq 1 240); do curl -sf http://127.0.0.1:7860/ready > /dev/null && break; sleep 1; done
-for j in $(seq 1 180); do grep -q "start-up objects moved out" $OUT/server.txt && break; sleep 1; done
+all_ready() { curl -sf http://127.0.0.1:7860/ready | python3 -c 'import json,sys; d=json.load(sys.stdin); sys.exit(d["slots_ready"] < d["slots"] or d["capturing"])'; }
+for j in $(seq 1 180); do all_ready && break; sleep 1; done
 echo "ready ${i}s, every graph ${j}s more"
 for run in first repeat repeat2; do
   timeout 120 python scripts/load_test.py --levels 64 --requests-per-client 1 --json $OUT/load-$run.json 2>&1 | grep streams
