@@ -3,6 +3,9 @@
 import dataclasses
 import os
 import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -12,6 +15,7 @@ from engine.compilation import Environment, decide, single_row_matmul
 from engine.errors import DeviceError
 from engine.runtime.step_runner import bucket_for, buckets_up_to
 
+ROOT = Path(__file__).resolve().parent.parent
 CUDA = torch.device("cuda")
 LINUX_TRITON = Environment("Linux", "2.13.0", True, "3.7.0")
 WINDOWS_NO_TRITON = Environment("Windows", "2.13.0", True, None)
@@ -142,6 +146,30 @@ def test_caches_pin_torchs_ptxas_so_cold_and_warm_starts_share_triton_keys(tmp_p
     monkeypatch.setenv("TRITON_PTXAS_PATH", "/opt/cuda/bin/ptxas")  # the user's choice wins
     compilation.configure_caches(tmp_path / "compile")
     assert os.environ["TRITON_PTXAS_PATH"] == "/opt/cuda/bin/ptxas"
+
+
+@pytest.mark.gpu
+def test_a_warm_start_compiles_no_triton_kernel_again(tmp_path):
+    """Two starts of the demo engine on one cache dir (benchmark.py's start-up phase): the second loads
+    every Triton kernel, ours included, and compiles none. Our kernels' cache keys once depended on
+    whether Inductor had compiled anything before them (the ptxas it picks), so a first restart
+    compiled them all again (docs/PERFORMANCE.md, 2026-11-27)."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "TRITON_PTXAS_PATH")}
+    cache = tmp_path / "cache"
+
+    def start() -> set[str]:
+        run = subprocess.run(
+            [sys.executable, str(ROOT / "scripts" / "benchmark.py"), "--phase", "startup", "--cache-dir", str(cache),
+             "--weights", "demo", "--device", "cuda", "--precision", "auto", "--compile", "on", "--compile-mode",
+             "default", "--quantize", "none", "--max-batch-size", "1"],
+            capture_output=True, text=True, timeout=900, cwd=ROOT, env=env)
+        assert run.returncode == 0, run.stderr[-3000:]
+        return {entry.name for entry in (cache / "compile" / "triton").iterdir()}
+
+    cold = start()
+    assert cold  # the engine cached its kernels under its cache dir
+    assert start() == cold
 
 
 def test_environment_detection_reports_this_machine():
