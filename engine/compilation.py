@@ -168,15 +168,20 @@ def _inductor_default_cache_dir() -> str | None:
 
 
 def _pin_ptxas() -> None:
-    """Compile every Triton kernel with torch's bundled ptxas, as Inductor does once it compiles one.
-    Triton's cache key holds the ptxas version: without this, a cold start (Inductor compiles, and
-    sets TRITON_PTXAS_PATH) cached our own kernels under keys that a warm start (Inductor loads from
-    its cache, sets nothing) missed, so the first warm start compiled them again (~5 s, 2026-11-27)."""
-    if os.environ.get("TRITON_PTXAS_PATH") is not None:
-        return
-    ptxas = Path(torch.__file__).parent / "bin" / "ptxas"
-    if ptxas.is_file() and os.access(ptxas, os.X_OK):
-        os.environ["TRITON_PTXAS_PATH"] = str(ptxas)
+    """Point Triton at the ptxas Inductor picks (by Inductor's own helper) before our kernels compile.
+    Triton's cache key holds the ptxas version, and Inductor sets TRITON_PTXAS_PATH only once it
+    compiles a kernel: a cold start (Inductor compiles) cached our kernels under keys that a warm
+    start (Inductor loads from its cache, sets nothing) missed, so the first warm start compiled them
+    again (~5 s on an H100, torch 2.11, 2026-11-27). A path the user set wins; where torch bundles no
+    ptxas, the helper sets nothing, in either start."""
+    try:
+        from torch._inductor.runtime.compile_tasks import _set_triton_ptxas_path
+    except ImportError:
+        try:  # where older torch versions keep it
+            from torch._inductor.codecache import _set_triton_ptxas_path
+        except ImportError:  # no such helper: Inductor sets nothing, nothing to match
+            return
+    _set_triton_ptxas_path()
 
 
 def configure_caches(cache_root: Path) -> dict[str, str]:

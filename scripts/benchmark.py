@@ -450,13 +450,20 @@ def project_commit(root: Path = ROOT) -> str:
     if os.environ.get("S1_COMMIT"):
         return os.environ["S1_COMMIT"]
 
-    def git(*args: str) -> str:
-        return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True).stdout.strip()
+    def git(*args: str) -> str | None:
+        try:
+            run = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True)
+        except OSError:  # no git here
+            return None
+        return run.stdout.strip() if run.returncode == 0 else None
 
     head = git("rev-parse", "--short", "HEAD")
     if not head:
         return "unknown"
-    return head + ("+modified" if git("status", "--porcelain", "--untracked-files=no") else "")
+    changes = git("status", "--porcelain", "--untracked-files=no")
+    if changes is None:  # e.g. a broken index: say so rather than call the tree clean
+        return head + "+status-unknown"
+    return head + ("+modified" if changes else "")
 
 
 def environment() -> dict:

@@ -130,11 +130,14 @@ def test_the_reported_commit_says_when_the_tree_differs_from_it(tmp_path, monkey
     finally:
         sys.path.remove(str(ROOT / "scripts"))
     monkeypatch.delenv("S1_COMMIT", raising=False)
+    for name in ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE"):  # as a git hook would set them
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path.parent))  # no repository above tmp_path either
     assert benchmark.project_commit(tmp_path) == "unknown"  # no repository here
 
     def git(*args):
-        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=tmp_path, check=True,
-                       capture_output=True)
+        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false", *args],
+                       cwd=tmp_path, check=True, capture_output=True)
 
     git("init", "-q")
     (tmp_path / "a.txt").write_text("one\n")

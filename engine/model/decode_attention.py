@@ -44,7 +44,7 @@ from torch.fx.experimental.symbolic_shapes import statically_known_true
 from torch.library import triton_op, wrap_triton
 
 from ..compilation import pdl_available
-from .launch_control import let_dependents_launch, wait_for_inputs
+from .launch_control import launch_options, let_dependents_launch, wait_for_inputs
 
 # Keys per program, and per inner iteration. Timed on an H100 (docs/PERFORMANCE.md): 256 keys at
 # batch 16-64 (2.6 TB/s), 64 at batch 1, where 256 would leave most SMs idle.
@@ -242,7 +242,7 @@ def launch(attend, merge, qkv: Tensor, q_norm: Tensor | None, k_norm: Tensor | N
     log2e = 1.4426950408889634
     pdl = pdl_available(qkv.device)
     launched_pdl = launched_pdl and pdl
-    launch_options = {"launch_pdl": True} if launched_pdl else {}
+    pdl_options = launch_options(launched_pdl)
     attend[(batch, kv_heads, splits)](
         qkv, qkv if q_norm is None else q_norm, qkv if k_norm is None else k_norm, eps, rope, positions,
         k_cache, v_cache, partial, lse, out, n_keys, qkv.stride(0), rope.stride(0),
@@ -251,11 +251,11 @@ def launch(attend, merge, qkv: Tensor, q_norm: Tensor | None, k_norm: Tensor | N
         rows=max(MIN_DOT, triton.next_power_of_2(group)), head_dim=head_dim, has_qk_norm=q_norm is not None,
         split_keys=split_keys, block_keys=min(BLOCK_KEYS, split_keys), ieee=qkv.dtype == torch.float32,
         direct=direct, early_keys=one_row, pdl=pdl, launched_pdl=launched_pdl, num_warps=NUM_WARPS,
-        num_stages=NUM_STAGES, **launch_options)
+        num_stages=NUM_STAGES, **pdl_options)
     if not direct:
         merge[(batch * kv_heads, group)](partial, lse, out, splits, group=group, head_dim=head_dim,
                                            split_block=ONE_ROW_MERGE_BLOCK if one_row else 1, pdl=pdl,
-                                           launched_pdl=launched_pdl, **launch_options)
+                                           launched_pdl=launched_pdl, **pdl_options)
     return out
 
 

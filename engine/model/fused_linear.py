@@ -41,7 +41,7 @@ import triton.language as tl
 from torch import Tensor
 
 from ..compilation import pdl_available
-from .launch_control import wait_for_inputs
+from .launch_control import launch_options, wait_for_inputs
 
 
 @dataclass(frozen=True)
@@ -167,7 +167,7 @@ def launch(kernel, x: Tensor, weight: Tensor, weight_scale: Tensor | None, norm_
         x if norm_weight is None else norm_weight, x if residual is None else residual.contiguous(),
         out, eps, K=depth, N=columns, has_w_scale=weight_scale is not None, has_norm=norm_weight is not None,
         gated=gated, has_residual=residual is not None, block_n=settings.block_n,
-        block_k=min(settings.block_k, triton.next_power_of_2(depth)), pdl=pdl, launch_pdl=pdl,
+        block_k=min(settings.block_k, triton.next_power_of_2(depth)), pdl=pdl, **launch_options(pdl),
         weight_eviction=weight_eviction,
         num_warps=settings.num_warps, num_stages=settings.num_stages)
     return out

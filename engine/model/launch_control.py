@@ -28,3 +28,9 @@ def let_dependents_launch():
     """Let the kernel after start launching (it waits for this one's writes before reading them)."""
     return tl.inline_asm_elementwise("griddepcontrol.launch_dependents; mov.u32 $0, 0;",
                                      "=r", [], dtype=tl.int32, is_pure=True, pack=1)
+
+
+def launch_options(pdl: bool) -> dict:
+    """A kernel launch's keyword for PDL: given only when PDL is on, since a backend without it
+    (AMD's, in Triton 3.6) rejects the keyword even when it is False."""
+    return {"launch_pdl": True} if pdl else {}

@@ -23,7 +23,7 @@ from .sampling import SamplingTensors
 
 try:  # the compiled step's bookkeeping in one kernel
     from . import record_kernel
-except ImportError:  # no Triton (or a broken one, as engine.compilation treats it): Inductor compiles record_frame
+except ImportError:  # no Triton: Inductor compiles record_frame's plain ops
     record_kernel = None
 
 

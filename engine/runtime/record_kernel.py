@@ -17,7 +17,7 @@ import triton.language as tl
 from torch import Tensor
 
 from ..compilation import pdl_available
-from ..model.launch_control import wait_for_inputs
+from ..model.launch_control import launch_options, wait_for_inputs
 
 
 @triton.jit
@@ -69,7 +69,7 @@ def record_rows(frame: Tensor, active: Tensor, history: Tensor, generated: Tenso
     pdl = pdl_available(frame.device)
     _record_rows[(batch,)](frame, active, history, generated, frames, done.view(torch.int8), length, columns,
                            positions, im_end_id, capacity, history.stride(0), frames.stride(0),
-                           WIDTH=width, WINDOW=window, BLOCK=triton.next_power_of_2(width), pdl=pdl, launch_pdl=pdl,
+                           WIDTH=width, WINDOW=window, BLOCK=triton.next_power_of_2(width), pdl=pdl, **launch_options(pdl),
                            num_warps=1)
 
 

@@ -36,7 +36,7 @@ from torch import Tensor
 from triton.language.extra import libdevice
 
 from ..compilation import pdl_available
-from ..model.launch_control import wait_for_inputs
+from ..model.launch_control import launch_options, wait_for_inputs
 
 MAX_IDS = 8192  # one row's logits live in one program's registers
 
@@ -173,7 +173,7 @@ def sample_rows(logits: Tensor, history: Tensor, valid: Tensor, temperature: Ten
         temperature, top_p, repetition_penalty, temperature.stride(0), noise_key, counter, counter.stride(0),
         embeddings, tokens, codes, embedded, n_logits, id_begin, n_ids, extra_id,
         WINDOW=window, DIM=dim, BLOCK_V=block_v, BLOCK_D=triton.next_power_of_2(dim),
-        pdl=pdl, launch_pdl=pdl, num_warps=max(8, min(16, block_v // 512)))
+        pdl=pdl, **launch_options(pdl), num_warps=max(8, min(16, block_v // 512)))
     return tokens, codes, embedded
 
 
