@@ -156,6 +156,27 @@ def test_graphed_batched_codec_decodes_each_stream_like_a_lone_decoder():
             assert np.abs(got - alone).max() <= 2e-2 * np.abs(alone).max(), f"stream {slot}"
 
 
+def test_padded_codec_replays_keep_the_spare_rows_position_bounded():
+    """Rows a graph's bucket does not use point at one spare stream, which never ends an utterance.
+    Each padded replay advanced its transformer position, so a server running long enough gathered
+    RoPE rows past the table's end (a device-side assert that killed the process after ~500 requests
+    under sustained load, 2026-11-27). Each replay now starts the spare row afresh."""
+    from engine.runtime.codec_runner import CodecRunner
+    from engine.runtime.scheduler import Harvest
+
+    codec = load_models(EngineConfig(demo=True, device="cuda")).codec
+    runner = CodecRunner(codec, rows=4, max_frames=64)
+    runner.prepare()
+    codes = torch.zeros(10, 16, dtype=torch.long, device="cuda")
+    with torch.inference_mode():
+        for _ in range(12):  # three streams in a bucket of four: one padded row each replay
+            runner.submit([Harvest(slot, slot, codes, first=True, final=False) for slot in range(3)])
+            while runner.pending:
+                runner.completed(wait=True)
+    positions = runner.decoder.positions.tolist()
+    assert positions[:3] == [16, 16, 16]  # each real stream began afresh before its 16 frames
+    assert positions[runner.rows] <= 16, positions  # 12 x 16 = 192 before the fix
+
 def test_prefill_attention_builds_no_cudnn_plan_per_prompt_length(s1_dir, s1_expected):
     """Prompt lengths vary per request, and cuDNN attention builds an execution plan for each new
     length (and compiled its first ones for up to ~1 s on the H100), so the runner's prefill keeps

@@ -458,9 +458,18 @@ class StreamingDecoder:
 
     def reset(self, rows: Sequence[int] | None = None) -> None:
         """Start new utterances in `rows` (None: every row)."""
-        selected = None if rows is None else self._rows(rows, self._post.device)
+        self.reset_rows(None if rows is None else self._rows(rows, self._post.device))
+
+    def reset_rows(self, selected: Rows | None) -> None:
+        """reset() with the rows already on the device, unchecked: capturable in a CUDA graph."""
         for s in (self._post, self._up, self._dec):
             s.reset(selected)
+
+    @property
+    def positions(self) -> Tensor:
+        """Each row's next transformer position, (B,) on the device. Unlike `frames`, which only
+        decode() counts, it includes what graph replays of decode_rows() advanced."""
+        return self._post.pos
 
     def reserve(self, frames: int) -> None:
         """Build the RoPE tables for streams of up to `frames` frames now, so that no decode call

@@ -91,11 +91,21 @@ class CodecRunner:
         return seconds
 
     def _capture(self, bucket: int, n: int) -> None:
-        """Capture the graph decoding n frames for `bucket` rows (all the spare row while capturing)."""
+        """Capture the graph decoding n frames for `bucket` rows (all the spare row while capturing).
+
+        Each replay first resets the spare row: every padded replay advances it, and it never ends
+        an utterance, so its transformer position would otherwise grow past the RoPE table (an
+        out-of-bounds gather on the device, fatal to the process, after ~4096 padded frames)."""
         codes = torch.zeros(bucket, self.num_codebooks, n, dtype=torch.long, device=self.device)
         index = torch.full((bucket,), self.rows, dtype=torch.long, device=self.device)
         rows = Rows(index, np.full(bucket, self.rows))
-        graph, audio = capture(lambda: self.decoder.decode_rows(codes, rows)[:, 0], self.stream, self._pool)
+        spare = Rows(index[:1], np.full(1, self.rows))
+
+        def decode() -> torch.Tensor:
+            self.decoder.reset_rows(spare)
+            return self.decoder.decode_rows(codes, rows)[:, 0]
+
+        graph, audio = capture(decode, self.stream, self._pool)
         self._pool = graph.pool()
         self._graphs[(bucket, n)] = _Graph(graph, codes, index, audio)
 
