@@ -114,7 +114,7 @@ def _zero(state: Tensor, rows: Rows | None) -> None:
     if rows is None:
         state.zero_()
     else:
-        state[rows.index] = 0
+        state.index_fill_(0, rows.index, 0)  # a scalar argument: no host copy, so capturable
 
 
 class _Stateless(_Streamer):
