@@ -99,7 +99,7 @@ class CodecRunner:
         codes = torch.zeros(bucket, self.num_codebooks, n, dtype=torch.long, device=self.device)
         index = torch.full((bucket,), self.rows, dtype=torch.long, device=self.device)
         rows = Rows(index, np.full(bucket, self.rows))
-        spare = Rows(index[:1], np.full(1, self.rows))
+        spare = Rows(torch.full((1,), self.rows, dtype=torch.long, device=self.device), np.full(1, self.rows))  # not a view of index, which each call overwrites
 
         def decode() -> torch.Tensor:
             self.decoder.reset_rows(spare)
