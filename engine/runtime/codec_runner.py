@@ -74,6 +74,9 @@ class CodecRunner:
         self._graphs: dict[tuple[int, int], _Graph] = {}
         self._pool = None  # every codec graph shares one memory pool
         self.row_buckets = buckets_up_to(rows, 1)
+        # Every graph resets the spare row through this; kept here, since a graph holds no reference
+        # to the tensors it reads (one freed and reused would turn the reset's index into garbage).
+        self._spare = Rows(torch.full((1,), rows, dtype=torch.long, device=device), np.full(1, rows))
 
     def prepare(self, row_buckets: list[int] | None = None) -> float:
         """Capture a graph per chunk length for each row bucket (all by default); CUDA only, and
@@ -85,7 +88,8 @@ class CodecRunner:
                 for n in BLOCK_SIZES:
                     self._capture(bucket, n)
         self.decoder.reset()
-        torch.cuda.synchronize()
+        if self.stream is not None:
+            torch.cuda.synchronize()
         seconds = time.perf_counter() - started
         logger.info("captured {} codec CUDA graphs in {:.1f} s", len(self._graphs) - captured, seconds)
         return seconds
@@ -99,10 +103,9 @@ class CodecRunner:
         codes = torch.zeros(bucket, self.num_codebooks, n, dtype=torch.long, device=self.device)
         index = torch.full((bucket,), self.rows, dtype=torch.long, device=self.device)
         rows = Rows(index, np.full(bucket, self.rows))
-        spare = Rows(torch.full((1,), self.rows, dtype=torch.long, device=self.device), np.full(1, self.rows))  # not a view of index, which each call overwrites
 
         def decode() -> torch.Tensor:
-            self.decoder.reset_rows(spare)
+            self.decoder.reset_rows(self._spare)
             return self.decoder.decode_rows(codes, rows)[:, 0]
 
         graph, audio = capture(decode, self.stream, self._pool)
@@ -123,7 +126,7 @@ class CodecRunner:
         b = len(rows)
         entry.codes[:b, :, n:] = 0
         entry.codes[:b, :, :n].copy_(codes)
-        index = torch.full((entry.index.shape[0],), self.rows, dtype=torch.long, pin_memory=True)
+        index = torch.full((entry.index.shape[0],), self.rows, dtype=torch.long, pin_memory=self.stream is not None)
         index[:b] = torch.tensor(rows)
         entry.index.copy_(index, non_blocking=True)
         entry.graph.replay()
