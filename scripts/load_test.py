@@ -10,7 +10,7 @@ API's own request model, then TTSEngine.synthesize_stream), to tell the HTTP lay
 
 At each level, that many clients at once each send --requests-per-client streaming requests (raw
 PCM) back to back. Texts are unique; a third of the requests use one of two saved voices (shared:
-their prefix is reused), a third carry their own inline reference clip (distinct voices), and the
+their prefix is reused), a third carry their own inline reference clip (distinct voices; --distinct-clips N reuses N of them), and the
 rest use the model's own voice; each level also reports its percentiles per kind of voice. Per request: time to first audio (first PCM bytes at the client),
 real-time factor (wall time / audio duration), audio seconds, underrun (how long a listener who
 starts playing at the first audio would wait for more), and the error if any (429 answers are
@@ -72,6 +72,12 @@ def inline_clip(n: int, seconds: float) -> bytes:
     return tone_wav(seconds, 110 + (n % 50) * 3, n)
 
 
+def clip_number(n: int, distinct_clips: int) -> int:
+    """Which clip request n sends: its own (distinct_clips 0), or one of `distinct_clips` clips taken
+    in turn by the requests that send one (every third: see voice_kind)."""
+    return n if not distinct_clips else 3 * ((n // 3) % distinct_clips) + 1
+
+
 def request_body(n: int, args) -> dict:
     body = {"text": f"{TEXT} This is request number {n}.", "streaming": True, "format": "pcm",
             "max_new_tokens": args.max_new_tokens, "seed": n}
@@ -79,7 +85,7 @@ def request_body(n: int, args) -> dict:
     if kind == "saved_voice":
         body["reference_id"] = SHARED_VOICES[n % 2]
     elif kind == "inline_clip":
-        clip = inline_clip(n, args.reference_seconds)
+        clip = inline_clip(clip_number(n, args.distinct_clips), args.reference_seconds)
         body["references"] = [{"audio": base64.b64encode(clip).decode(), "text": INLINE_TRANSCRIPT}]
     return body
 
@@ -262,11 +268,17 @@ def main(argv=None) -> int:
     p.add_argument("--requests-per-client", type=int, default=2)
     p.add_argument("--max-new-tokens", type=int, default=215, help="frames per request at most (~10 s)")
     p.add_argument("--reference-seconds", type=float, default=10.0)
+    p.add_argument("--distinct-clips", type=int, default=0,
+                   help="inline clips cycle through this many (0: every request sends a clip the server has not "
+                        "heard, encoded on arrival; N: after the first N, the server has each one's codes, as for "
+                        "API clients that send their own voice with every request)")
     p.add_argument("--json", type=Path)
     p.add_argument("--html", type=Path)
     args = p.parse_args(argv)
     if not args.in_process and (args.weights or args.checkpoint or args.cache_dir):
         p.error("--weights, --checkpoint and --cache-dir set up the engine of --in-process; a server has its own")
+    if args.distinct_clips < 0:
+        p.error(f"--distinct-clips must be 0 or more, got {args.distinct_clips}")
     levels = [int(x) for x in args.levels.split(",") if x.strip()]
     if args.in_process:
         results = run_in_process(settle_weights(p, args), levels)

@@ -4,6 +4,8 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.test_app_support import DemoServer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
@@ -56,7 +58,6 @@ def test_load_test_in_process_sends_the_same_requests_to_an_engine_here(tmp_path
 
 
 def test_engine_options_without_in_process_are_refused():
-    import pytest
 
     with pytest.raises(SystemExit) as refused:
         load_test.main(["--weights", "demo", "--levels", "1"])
@@ -77,6 +78,7 @@ def test_an_in_process_request_the_api_would_refuse_gets_the_api_s_status():
 class _Args:
     max_new_tokens = 8
     reference_seconds = 1.0
+    distinct_clips = 0
 
 
 def test_underrun_counts_the_waits_of_a_listener_playing_in_real_time():
@@ -87,3 +89,16 @@ def test_underrun_counts_the_waits_of_a_listener_playing_in_real_time():
     # 1 s of audio at t=10 runs out at 11; the next arrives at 11.5 (0.5 s stall) and plays to 12.5;
     # the last arrives at 13 (another 0.5 s).
     assert abs(underrun_seconds([(10.0, 1.0), (11.5, 1.0), (13.0, 1.0)]) - 1.0) < 1e-9
+
+
+def test_distinct_clips_bounds_the_inline_clips_a_level_sends():
+    def clips(distinct_clips, requests=60):
+        args = _Args()
+        args.distinct_clips = distinct_clips
+        return {load_test.request_body(n, args)["references"][0]["audio"]
+                for n in range(requests) if load_test.voice_kind(n) == "inline_clip"}
+
+    assert len(clips(0)) == 20  # every inline request its own clip
+    assert len(clips(7)) == 7
+    with pytest.raises(SystemExit):
+        load_test.main(["--distinct-clips", "-1"])
