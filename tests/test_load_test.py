@@ -58,7 +58,6 @@ def test_load_test_in_process_sends_the_same_requests_to_an_engine_here(tmp_path
 
 
 def test_engine_options_without_in_process_are_refused():
-
     with pytest.raises(SystemExit) as refused:
         load_test.main(["--weights", "demo", "--levels", "1"])
     assert refused.value.code == 2
