@@ -159,8 +159,8 @@ def test_graphed_batched_codec_decodes_each_stream_like_a_lone_decoder():
 def test_padded_codec_replays_keep_the_spare_rows_position_bounded():
     """Rows a graph's bucket does not use point at one spare stream, which never ends an utterance.
     Each padded replay advanced its transformer position, so a server running long enough gathered
-    RoPE rows past the table's end (a device-side assert that killed the process after ~500 requests
-    under sustained load, 2026-11-27). Each replay now starts the spare row afresh."""
+    RoPE rows past the table's end (a device-side assert that killed the process after a few hundred
+    requests under sustained load, 2026-11-27). Each replay now starts the spare row afresh."""
     from engine.runtime.codec_runner import CodecRunner
     from engine.runtime.scheduler import Harvest
 
