@@ -1,11 +1,16 @@
 """CodecRunner's graph bookkeeping on the CPU: CUDA graph capture replaced by a stand-in whose replay
 runs the captured body again into the same output buffer. What it checks is the runner's own logic
-(which rows a replay touches, the spare row that absorbs a bucket's padding); tests/test_gpu.py
-replays the real graphs."""
+(which rows a replay touches, the spare row that absorbs a bucket's padding, what a graph needs kept
+alive); tests/test_gpu.py replays the real graphs."""
+
+import gc
+import types
 
 import numpy as np
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
 
 import engine.runtime.codec_runner as codec_runner
 from engine.config import EngineConfig
@@ -14,9 +19,25 @@ from engine.model.codec_stream import StreamingDecoder
 from engine.runtime.scheduler import Harvest
 
 
+class ReadsFromOutside(TorchDispatchMode):
+    """The storages a body's ops read that the body did not make (what a CUDA graph reads by address)."""
+
+    def __init__(self):
+        super().__init__()
+        self.made, self.read = set(), {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        for arg in tree_flatten((args, kwargs or {}))[0]:
+            if isinstance(arg, torch.Tensor) and arg.numel() and arg.untyped_storage().data_ptr() not in self.made:
+                self.read.setdefault(arg.untyped_storage().data_ptr(), f"{func} {tuple(arg.shape)}")
+        out = func(*args, **(kwargs or {}))
+        self.made.update(o.untyped_storage().data_ptr() for o in tree_flatten(out)[0] if isinstance(o, torch.Tensor))
+        return out
+
+
 class ReplayedBody:
-    def __init__(self, body, output: torch.Tensor):
-        self.body, self.output = body, output
+    def __init__(self, body, output: torch.Tensor, reads: ReadsFromOutside):
+        self.body, self.output, self.reads = body, output, reads
 
     def replay(self) -> None:
         self.output.copy_(self.body())
@@ -26,8 +47,26 @@ class ReplayedBody:
 
 
 def capture_by_replaying(fn, stream, pool=None):
-    output = fn().clone()
-    return ReplayedBody(fn, output), output
+    with ReadsFromOutside() as reads:
+        output = fn().clone()
+    return ReplayedBody(fn, output, reads), output
+
+
+def storages_reachable(root) -> set[int]:
+    """Storages reachable from root other than through a stand-in graph or a function's closure: a
+    real CUDA graph holds no Python reference to what it reads."""
+    seen, found, pending = set(), set(), [root]
+    while pending:
+        obj = pending.pop()
+        if id(obj) in seen or isinstance(obj, (ReplayedBody, types.FunctionType, types.ModuleType, type)):
+            continue
+        seen.add(id(obj))
+        if isinstance(obj, torch.Tensor):
+            if obj.numel():
+                found.add(obj.untyped_storage().data_ptr())
+            continue
+        pending.extend(gc.get_referents(obj))
+    return found
 
 
 @pytest.fixture(scope="module")
@@ -67,3 +106,15 @@ def test_padded_replays_leave_real_streams_alone_and_the_spare_row_bounded(runne
             lone = StreamingDecoder(codec)
             alone = np.concatenate([lone.decode(codes[None, :, 16 * c:16 * (c + 1)])[0, 0].numpy() for c in range(12)])
             np.testing.assert_allclose(np.concatenate(pieces[slot]), alone, atol=1e-4 * np.abs(alone).max())
+
+
+def test_every_tensor_a_graph_reads_is_kept_by_the_runner(runner):
+    """A graph reads its inputs by address. One reachable only from the captured body (as the spare
+    row's index once was: both codec GPU tests then failed on the H100) is freed after the capture,
+    and its memory reused: the reset would then zero whatever rows that memory names."""
+    gc.collect()
+    kept = storages_reachable(runner)
+    graphs = [entry.graph for entry in runner._graphs.values()]
+    lost = {ptr: what for g in graphs for ptr, what in g.reads.read.items() if ptr not in kept}
+    assert graphs and all(g.reads.read for g in graphs)
+    assert not lost, f"read by a graph but not kept: {sorted(lost.values())}"

@@ -177,6 +177,7 @@ def test_padded_codec_replays_keep_the_spare_rows_position_bounded():
     assert positions[:3] == [192, 192, 192]  # the real streams went on, none reset
     assert positions[runner.rows] <= 16, positions  # 12 x 16 = 192 before the fix
 
+
 def test_prefill_attention_builds_no_cudnn_plan_per_prompt_length(s1_dir, s1_expected):
     """Prompt lengths vary per request, and cuDNN attention builds an execution plan for each new
     length (and compiled its first ones for up to ~1 s on the H100), so the runner's prefill keeps

@@ -467,9 +467,9 @@ class StreamingDecoder:
 
     @property
     def positions(self) -> Tensor:
-        """Each row's next transformer position, (B,) on the device. Unlike `frames`, which only
-        decode() counts, it includes what graph replays of decode_rows() advanced."""
-        return self._post.pos
+        """A copy of each row's next transformer position, (B,) on the device. Unlike `frames`, which
+        only decode() counts, it includes what graph replays of decode_rows() advanced."""
+        return self._post.pos.clone()
 
     def reserve(self, frames: int) -> None:
         """Build the RoPE tables for streams of up to `frames` frames now, so that no decode call
