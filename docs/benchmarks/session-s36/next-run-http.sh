@@ -6,10 +6,8 @@ export PYTHONPATH=/tmp/site:. PYTHONUNBUFFERED=1 S1_COMMIT=${S1_COMMIT:-}
 nvidia-smi --query-gpu=name --format=csv,noheader; date -u
 python launch.py --random-weights --no-ui > $OUT/server.txt 2>&1 &
 PID=$!
-for i in $(seq 1 200); do curl -sf http://127.0.0.1:7860/ready > /dev/null && break; kill -0 $PID 2>/dev/null || break; sleep 1; done
-all_ready() { curl -sf http://127.0.0.1:7860/ready | python3 -c 'import json,sys; d=json.load(sys.stdin); sys.exit(d["slots_ready"] < d["slots"] or d["capturing"])' 2>/dev/null; }
-for j in $(seq 1 120); do all_ready && break; kill -0 $PID 2>/dev/null || break; sleep 1; done
-echo "ready ${i}s, every graph ${j}s more"; date -u
+until curl -sf http://127.0.0.1:7860/ready > /dev/null; do kill -0 $PID 2>/dev/null || exit 1; sleep 1; done
+date -u   # load_test.py waits for every batch's graphs itself
 lt() { timeout 120 python scripts/load_test.py "$@" 2>&1 | grep -E "streams|by voice"; }
 lt --levels 64 --requests-per-client 1 --json $OUT/load-first.json
 lt --levels 64 --requests-per-client 1 --json $OUT/load-repeat.json
