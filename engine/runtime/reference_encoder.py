@@ -68,14 +68,17 @@ class ReferenceEncoder:
         return self.chunk_frames * self.codec.config.frame_length
 
     def prepare(self) -> float:
-        """Capture the chunk's graph (CUDA only) on a stream of its own (see cuda_graphs.capture).
+        """Capture the chunk's graph (CUDA only) on the encoder's own stream, the one it replays on.
+        A graph keeps the cuBLAS workspace of the stream it was captured on (see cuda_graphs.capture),
+        and torch hands out streams from a small pool in turn, so a stream taken for the capture alone
+        could later be another runner's, whose matmuls would share that workspace during a replay.
         Returns the seconds it took."""
         if self.device.type != "cuda":
             raise RuntimeError(f"CUDA graphs need a CUDA device; the codec is on {self.device}: encode eagerly")
         started = time.perf_counter()
         self._input = torch.zeros(1, 1, self.chunk_samples, device=self.device)
         with torch.inference_mode():
-            graph, self._output = capture(lambda: self.encoder.step(self._input), torch.cuda.Stream(self.device))
+            graph, self._output = capture(lambda: self.encoder.step(self._input), self._stream)
         self._graph = graph
         self.encoder.reset()
         return time.perf_counter() - started
