@@ -17,4 +17,7 @@ lt --levels 1 --requests-per-client 20 --json $OUT/load-one.json
 curl -s http://127.0.0.1:7860/ready; echo
 kill -INT $PID; wait $PID; echo "server exit $?"
 grep -c "vectorized_gather\|Traceback" $OUT/server.txt
+# The same sustained level without HTTP (the engine warm from the server's caches): what HTTP costs.
+timeout 200 python scripts/load_test.py --in-process --weights random --levels 64 --requests-per-client 8 \
+  --distinct-clips 21 --json $OUT/inproc-sustained8.json 2>&1 | grep -E "streams|by voice"
 date -u
