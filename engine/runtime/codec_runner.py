@@ -100,7 +100,9 @@ class CodecRunner:
         Each replay first resets the spare row: every padded replay advances it, and it never ends
         an utterance, so its transformer position would otherwise grow past the RoPE table (an
         out-of-bounds gather on the device, fatal to the process, once padded replays add up to the
-        table's length: the KV capacity plus a chunk, ~8,200 frames by default)."""
+        table's length: the KV capacity plus a chunk, ~8,200 frames by default). The reset is 39
+        small fills at full size (the row's 2.2 M state elements); its position alone would do, should
+        those ever show in a profile."""
         codes = torch.zeros(bucket, self.num_codebooks, n, dtype=torch.long, device=self.device)
         index = torch.full((bucket,), self.rows, dtype=torch.long, device=self.device)
         rows = Rows(index, np.full(bucket, self.rows))
