@@ -135,16 +135,26 @@ class ReferenceCodeCache:
     when `cache_dir` is given, as `<key>.pt` files there, so a clip is encoded once across
     restarts. `fingerprint` must differ between codecs (e.g. checkpoint path + file hash) so that
     codes of one codec are never served for another. Safe to call from several threads.
+
+    API clients send a clip with every request, so a server that keeps getting new ones would fill
+    its disk: past `max_disk_bytes` a background thread deletes the least recently used files (a
+    disk hit touches its file) down to TRIM_TO of the bound (~17 KB a 10 s clip: 1 GiB holds ~60,000).
     """
 
-    def __init__(self, cache_dir: Path | None, max_items: int = 64, fingerprint: str = ""):
+    TRIM_TO = 0.8  # of max_disk_bytes: trims, each a scan of the folder, stay rare
+
+    def __init__(self, cache_dir: Path | None, max_items: int = 64, fingerprint: str = "",
+                 max_disk_bytes: int = 1 << 30):
         if max_items < 1:
             raise ValueError(f"max_items must be at least 1, got {max_items}")
         self._cache_dir = Path(cache_dir) if cache_dir is not None else None
         self._max_items = max_items
+        self._max_disk_bytes = max_disk_bytes
         self._fingerprint = fingerprint
         self._memory: OrderedDict[str, torch.Tensor] = OrderedDict()
         self._lock = threading.Lock()
+        self._disk_bytes: int | None = None  # the folder's size, scanned at the first write
+        self._trimming = threading.Event()
         self.memory_hits = 0
         self.disk_hits = 0
         self.misses = 0
@@ -216,10 +226,17 @@ class ReferenceCodeCache:
         if path is None or not path.is_file():
             return None
         try:
-            return _checked_codes(torch.load(path, map_location="cpu", weights_only=True))
+            codes = _checked_codes(torch.load(path, map_location="cpu", weights_only=True))
+        except FileNotFoundError:  # trimmed (by this process or another) since the check above
+            return None
         except Exception as exc:  # any damage (truncated, garbage, wrong content): re-encode and overwrite
             logger.warning(f"ignoring unreadable reference-code cache file {path}: {exc}")
             return None
+        try:
+            os.utime(path)  # recently used: among the last to go when the folder is trimmed
+        except OSError:  # a read-only cache still serves
+            pass
+        return codes
 
     def _write_disk(self, key: str, codes: torch.Tensor):
         path = self._path(key)
@@ -236,8 +253,58 @@ class ReferenceCodeCache:
             finally:
                 if os.path.exists(temp):
                     os.unlink(temp)
+            self._count_disk_bytes(path.stat().st_size)
         except OSError as exc:  # the disk cache is an optimisation: keep serving from memory
             logger.warning(f"cannot write reference-code cache file {path}: {exc}")
+
+    def _count_disk_bytes(self, written: int) -> None:
+        """Add a write to the folder's size; the first write, or one past the bound, starts a scan
+        (and a trim if over) off the caller's thread: the folder may hold tens of thousands of files."""
+        with self._lock:
+            if self._disk_bytes is not None:
+                self._disk_bytes += written
+            scan = self._disk_bytes is None or self._disk_bytes > self._max_disk_bytes
+            scan = scan and not self._trimming.is_set()
+            if scan:
+                self._trimming.set()
+        if scan:
+            threading.Thread(target=self._trim, name="reference-code-cache-trim", daemon=True).start()
+
+    def _files(self) -> list[tuple[float, int, Path]]:
+        """(last use, size, path) of every cache file; files gone meanwhile are skipped."""
+        files = []
+        for path in self._cache_dir.glob("*.pt"):
+            try:
+                stat = path.stat()
+            except OSError:
+                continue
+            files.append((stat.st_mtime, stat.st_size, path))
+        return files
+
+    def _trim(self) -> None:
+        """Measure the folder; past the bound, delete the least recently used files until it is
+        under TRIM_TO of it."""
+        try:
+            files = sorted(self._files())
+            total, removed = sum(size for _, size, _ in files), 0
+            target = self.TRIM_TO * self._max_disk_bytes if total > self._max_disk_bytes else total
+            for _, size, path in files:
+                if total <= target:
+                    break
+                try:
+                    path.unlink()
+                except OSError:  # gone already (another process trims too), or not ours to delete
+                    continue
+                total, removed = total - size, removed + 1
+            with self._lock:
+                self._disk_bytes = total
+            if removed:
+                logger.info("reference-code cache: {} least recently used files deleted, {:.0f} MB kept under {}",
+                            removed, total / 1e6, self._cache_dir)
+        except Exception:  # an optimisation failing: the cache still serves, the folder may grow
+            logger.exception("trimming the reference-code cache failed")
+        finally:
+            self._trimming.clear()
 
 
 def _checked_codes(codes) -> torch.Tensor:

@@ -1,8 +1,10 @@
 """engine.references: content hashes, the reference-code cache, saved voices and default dirs."""
 
 import hashlib
+import os
 import sys
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -150,6 +152,52 @@ def test_unwritable_cache_dir_still_serves(tmp_path):
     get_codes(cache, encoder, clip(0))
     get_codes(cache, encoder, clip(0))
     assert encoder.calls == 1
+
+
+def wait_for_trims(cache: ReferenceCodeCache, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while cache._trimming.is_set():
+        assert time.monotonic() < deadline, "the cache's trim did not finish"
+        time.sleep(0.01)
+
+
+def test_the_disk_cache_stays_under_its_bound_dropping_the_least_recently_used(tmp_path):
+    """A server that keeps getting new clips must not fill its disk: past the bound, the files used
+    longest ago go (a disk hit counts as a use), down to TRIM_TO of it."""
+    encoder = CountingEncoder()
+    probe = ReferenceCodeCache(tmp_path / "probe")
+    get_codes(probe, encoder, clip(0))
+    (one,) = (tmp_path / "probe").glob("*.pt")
+    size = one.stat().st_size  # every clip below has as many frames: files of one size
+    cache = ReferenceCodeCache(tmp_path / "codes", max_items=1, max_disk_bytes=5 * size)
+    keys = []
+    for seed in range(5):  # at the bound, not past it
+        get_codes(cache, encoder, clip(seed))
+        keys.append(cache.key(clip(seed)))
+        wait_for_trims(cache)
+        os.utime(cache._path(keys[-1]), (1000.0 + seed, 1000.0 + seed))  # distinct ages, oldest first
+    assert len(list((tmp_path / "codes").glob("*.pt"))) == 5
+    get_codes(cache, encoder, clip(1))  # from disk (memory holds only the last): clip 1 used again
+    assert cache.disk_hits == 1
+    get_codes(cache, encoder, clip(5))  # six files: over the bound, trimmed to 4 (TRIM_TO 0.8)
+    wait_for_trims(cache)
+    kept = {path.stem for path in (tmp_path / "codes").glob("*.pt")}
+    assert kept == {keys[1], keys[3], keys[4], cache.key(clip(5))}  # clips 0 and 2 were the oldest
+    assert not list((tmp_path / "codes").glob("*.tmp"))
+    calls = encoder.calls
+    get_codes(ReferenceCodeCache(tmp_path / "codes"), encoder, clip(0))  # trimmed: encoded again
+    assert encoder.calls == calls + 1
+
+
+def test_a_file_trimmed_by_another_process_is_a_miss_not_an_error(tmp_path):
+    cache = ReferenceCodeCache(tmp_path, max_items=1)
+    encoder = CountingEncoder()
+    get_codes(cache, encoder, clip(0))
+    get_codes(cache, encoder, clip(1))  # memory now holds clip 1 only
+    wait_for_trims(cache)
+    cache._path(cache.key(clip(0))).unlink()
+    get_codes(cache, encoder, clip(0))
+    assert encoder.calls == 3 and cache.disk_hits == 0
 
 
 def test_bad_encoder_output_is_an_error():
