@@ -7,12 +7,14 @@
 #     $(git ls-files 'tests/*.py') | tar -x -C .$t; done
 #   (cd .pre && patch -p1 -s < ../docs/benchmarks/session-s36/fused-rows-prenormed-s36.diff)
 #   (cd .hybrid && patch -p1 -s < ../docs/benchmarks/session-s36/fused-rows-hybrid-s36.diff)
-# carry: .whl .base .pre .hybrid. TESTS=1 runs the rows kernel's GPU tests in .pre first (~100 s).
+# carry: .whl .base .pre .hybrid. TESTS=1 runs the rows kernel's and the batched step's GPU tests in .pre first (the
+# trees hold no fixtures: S1_FIXTURES_DIR points at the checkout's).
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name --format=csv,noheader; date -u
 if [ -n "${TESTS:-}" ]; then
-  (cd .pre && timeout 150 python -m pytest -m gpu tests/test_fused_linear.py -q -p no:cacheprovider) > $OUT/rows-tests.txt 2>&1
+  (cd .pre && S1_FIXTURES_DIR=$OLDPWD/tests/fixtures timeout 200 python -m pytest -m gpu tests/test_fused_linear.py \
+    tests/test_batched_step.py -q -p no:cacheprovider) > $OUT/rows-tests.txt 2>&1
   echo "rows GPU tests rc $? $(tail -1 $OUT/rows-tests.txt | sed 's/warnings/w/')"
 fi
 for b in ${BATCHES:-64}; do
