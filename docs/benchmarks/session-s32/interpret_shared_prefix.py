@@ -1,6 +1,7 @@
 """decode_attention with shared-prefix-reads.diff applied, in Triton's interpreter on the CPU (fp32):
 
-    git apply docs/benchmarks/session-s32/shared-prefix-reads.diff
+    git apply docs/benchmarks/session-s32/shared-prefix-reads.diff   # or session-s36/shared-prefix-reads-s36.diff,
+                                                                     # the same change rebased on main in session s36
     TRITON_INTERPRET=1 python docs/benchmarks/session-s32/interpret_shared_prefix.py   # needs the triton package; no GPU
 
 Rows 1, 3 and 4 read their first 200, 200 and 130 positions from rows 0, 0 and 2, their own copies there
@@ -31,7 +32,7 @@ for r, (src, n) in shared.items():
     pk[r, :, :n] = pv[r, :, :n] = float("nan")
 def run(k, v, pre):
     k, v = k.clone(), v.clone()
-    out = A.launch(A._attend_split, A._merge_splits, qkv, *attn.kernel_norms(), rope.reshape(B, -1), k, v, positions, n_keys, H, False, pre)
+    out = A.launch(A._attend_split, A._merge_splits, qkv, *attn.kernel_norms(), rope.reshape(B, -1), k, v, positions, n_keys, H, False, prefix=pre)
     return out, k, v
 exp = run(same_k, same_v, None)
 got = run(pk, pv, prefix)

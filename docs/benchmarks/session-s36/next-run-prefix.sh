@@ -1,6 +1,6 @@
 # Prepared for the next device session (not run): rows of one saved voice read its prefix from one row,
 # session s32's shared-prefix-reads rebased on main (shared-prefix-reads-s36.diff; the kernel checked in
-# Triton's interpreter: interpret_shared_prefix.py). Exact by construction (the same values, read from
+# Triton's interpreter: session-s32/interpret_shared_prefix.py). Exact by construction (the same values, read from
 # another slot), so its GPU tests compare codes alone and in a batch; then the load test's 64-stream mix
 # in process (a third of the rows in two saved voices), against main, trees alternating.
 # Trees, made here first:
