@@ -49,7 +49,7 @@ class Decoded:
 @dataclass
 class _Pending:
     harvests: list[Harvest]
-    outputs: list[tuple[list[int], torch.Tensor]]  # (harvest indices, host audio (b, n * frame_length))
+    outputs: list[tuple[list[int], torch.Tensor, int]]  # (harvest indices, host audio (b, n * frame_length), n)
     ready: Any  # CUDA event after the copies, or None
 
 
@@ -59,6 +59,11 @@ class _Graph:
     codes: torch.Tensor  # (bucket, num_codebooks, n) input
     index: torch.Tensor  # (bucket,) rows
     audio: torch.Tensor  # (bucket, n * frame_length) output
+
+
+def _padded(codes: torch.Tensor, n: int) -> torch.Tensor:
+    """codes (num_codebooks, m <= n) with zero frames after them up to n."""
+    return codes if codes.shape[1] == n else torch.nn.functional.pad(codes, (0, n - codes.shape[1]))
 
 
 class CodecRunner:
@@ -135,6 +140,15 @@ class CodecRunner:
         entry.graph.replay()
         return entry.audio[:b, : n * (entry.audio.shape[1] // padded)]
 
+    def _group_length(self, harvest: Harvest) -> int:
+        """The length a harvest decodes at: its own, or for a stream's last frames, with graphs, the
+        graphed length they are padded to anyway, so that streams ending at different frames share
+        a call."""
+        n = harvest.codes.shape[1]
+        if harvest.final and self._graphs:
+            return next((m for m in BLOCK_SIZES if m >= n), n)
+        return n
+
     @property
     def pending(self) -> bool:
         return bool(self._pending)
@@ -145,8 +159,9 @@ class CodecRunner:
         by_length: dict[int, list[int]] = defaultdict(list)
         for i, h in enumerate(harvests):
             if h.codes.shape[1]:
-                by_length[h.codes.shape[1]].append(i)
-        groups = [(indices, torch.stack([harvests[i].codes for i in indices])) for indices in by_length.values()]
+                by_length[self._group_length(h)].append(i)
+        groups = [(indices, torch.stack([_padded(harvests[i].codes, n) for i in indices]))
+                  for n, indices in by_length.items()]
         starting = [h.slot for h in harvests if h.first]
         outputs = []
         side = torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext()
@@ -164,7 +179,7 @@ class CodecRunner:
                     host.copy_(audio, non_blocking=True)
                 else:
                     host = audio.cpu()
-                outputs.append((indices, host))
+                outputs.append((indices, host, codes.shape[-1]))
             ready = None
             if self.stream is not None:
                 ready = torch.cuda.Event()
@@ -183,10 +198,12 @@ class CodecRunner:
                 item.ready.synchronize()
             self._pending.popleft()
             audio = [np.zeros(0, dtype=np.float32)] * len(item.harvests)
-            for indices, host in item.outputs:
+            for indices, host, n in item.outputs:
                 rows = host.numpy()
+                samples_per_frame = rows.shape[1] // n
                 for row, i in enumerate(indices):
-                    audio[i] = rows[row].copy()  # not a view of the reused pinned buffer
+                    # a copy, not a view of the reused pinned buffer; a padded last chunk cut to its frames
+                    audio[i] = rows[row, : item.harvests[i].codes.shape[1] * samples_per_frame].copy()
             done.extend(Decoded(h.owner, a, h.codes.shape[1], h.final) for h, a in zip(item.harvests, audio))
         return done
 
