@@ -56,9 +56,6 @@ class EngineConfig:
     # high-priority streams, ahead of the codec's and reference encodes' low-priority ones
     # (Synthesizer.claim_thread).
     decode_priority: bool = True  # the decode steps outrank the codec on the GPU (docs/PERFORMANCE.md)
-    # A mid-stream block or a stream's last frames wait up to this many decode steps for other rows'
-    # to decode with them in one codec call (engine/runtime/codec_batching.py); 0 = each at once.
-    codec_hold_steps: int = 8
     # Python's GIL switch interval (its default is 5 ms), set process-wide when the engine starts;
     # 0 = leave it as it is. The GPU worker thread, which launches every step, waits up to this long
     # for the GIL when the web server's threads hold it (docs/PERFORMANCE.md).
@@ -74,8 +71,6 @@ class EngineConfig:
             raise InputError("choose either demo (tiny model) or random_weights (full size), not both")
         if self.max_batch_size < 0:
             raise InputError(f"max_batch_size must be >= 0 (0 = auto), got {self.max_batch_size}")
-        if self.codec_hold_steps < 0:
-            raise InputError(f"codec_hold_steps must be >= 0 (0 = no waiting), got {self.codec_hold_steps}")
         if self.max_queue < 1:
             raise InputError(f"max_queue must be at least 1, got {self.max_queue}")
         if self.max_text_length < 0:

@@ -26,7 +26,6 @@ from .loader import LoadedModels
 from .model.tuned_conv import tune_convs
 from .params import SamplingParams
 from .references import ReferenceCodeCache
-from .runtime.codec_batching import CodecBatcher
 from .runtime.codec_runner import CodecRunner
 from .runtime.kv_cache import KVCache
 from .runtime.prefix_cache import PrefixCache
@@ -113,10 +112,9 @@ class ClipEncode:
 class Synthesizer:
     def __init__(self, models: LoadedModels, reference_cache: ReferenceCodeCache, policy: CompilePolicy,
                  exact_sampling: bool, capacity: int, slots: int, prefix_cache_bytes: int, reference_frames: int,
-                 decode_priority: bool = True, codec_hold_steps: int = 0):
+                 decode_priority: bool = True):
         """capacity: KV positions per sequence; slots: sequences decoded at once; reference_frames:
-        the longest reference clip, in codec frames; decode_priority: see claim_thread;
-        codec_hold_steps: see CodecBatcher (0: every harvest goes to the codec at once)."""
+        the longest reference clip, in codec frames; decode_priority: see claim_thread."""
         self.models = models
         self.decode_priority = decode_priority
         self.reference_cache = reference_cache
@@ -138,7 +136,6 @@ class Synthesizer:
         if policy.cuda_graphs:
             tune_convs(models.codec.decoder)  # timed while the codec runner captures
         self.codec_runner = CodecRunner(models.codec, slots, self.capacity)
-        self.codec_batcher = CodecBatcher(max_hold=codec_hold_steps, target_rows=slots)
         self.reference_encoder = ReferenceEncoder(models.codec, REFERENCE_CHUNK_FRAMES,
                                                   min(reference_frames, GRAPHED_REFERENCE_FRAMES))
         self._encoding: dict[str, ClipEncode] = {}  # reference clips being encoded or waiting to, by cache key
@@ -302,12 +299,12 @@ class Synthesizer:
             harvests = self.scheduler.iteration()
             for h in harvests:
                 h.owner.harvested(h.codes)
-            for call in self.codec_batcher.route(harvests, company=self.scheduler.running):
-                self.codec_runner.submit(call)
+            if harvests:
+                self.codec_runner.submit(harvests)
         except Exception as exc:  # a batched step or decode failed: its sequences fail, the worker lives
             logger.exception("decode step failed; failing the requests in it")
             # Harvested sequences have left the scheduler (finished ones for good): fail them here.
-            for owner in [*self.codec_runner.discard(), *self.codec_batcher.discard(), *(h.owner for h in harvests)]:
+            for owner in [*self.codec_runner.discard(), *(h.owner for h in harvests)]:
                 owner.fail(exc)
             self.scheduler.fail_all(exc)
             return self.scheduler.busy or self._voices_pending
@@ -316,7 +313,7 @@ class Synthesizer:
                 item.owner.deliver(item.audio, item.frames, item.final)
             except Exception as exc:  # e.g. the next chunk's prompt is too long: that request alone fails
                 item.owner.fail(exc)
-        return self.scheduler.busy or self.codec_runner.pending or self.codec_batcher.holding or self._voices_pending
+        return self.scheduler.busy or self.codec_runner.pending or self._voices_pending
 
     @property
     def _voices_pending(self) -> bool:

@@ -264,8 +264,6 @@ def main(argv=None) -> int:
                    help="no server: start an engine here (--weights, --checkpoint, --cache-dir) and send it the requests")
     add_weight_options(p, demo=True)
     p.add_argument("--cache-dir", help="with --in-process: the engine's cache dir (default: the engine's)")
-    p.add_argument("--codec-hold-steps", type=int,
-                   help="with --in-process: EngineConfig.codec_hold_steps (default: the engine's; 0 = no waiting)")
     p.add_argument("--levels", default="1,4,16,64")
     p.add_argument("--requests-per-client", type=int, default=2)
     p.add_argument("--max-new-tokens", type=int, default=215, help="frames per request at most (~10 s)")
@@ -277,9 +275,8 @@ def main(argv=None) -> int:
     p.add_argument("--json", type=Path)
     p.add_argument("--html", type=Path)
     args = p.parse_args(argv)
-    if not args.in_process and (args.weights or args.checkpoint or args.cache_dir or args.codec_hold_steps is not None):
-        p.error("--weights, --checkpoint, --cache-dir and --codec-hold-steps set up the engine of --in-process; "
-                "a server has its own")
+    if not args.in_process and (args.weights or args.checkpoint or args.cache_dir):
+        p.error("--weights, --checkpoint and --cache-dir set up the engine of --in-process; a server has its own")
     if args.distinct_clips < 0:
         p.error(f"--distinct-clips must be 0 or more, got {args.distinct_clips}")
     levels = [int(x) for x in args.levels.split(",") if x.strip()]
@@ -312,9 +309,8 @@ def run_in_process(args, levels: list[int]) -> list[dict]:
     from engine.facade import TTSEngine
 
     with tempfile.TemporaryDirectory(prefix="s1-load-test-voices-") as voices:  # not the user's saved voices
-        held = {} if args.codec_hold_steps is None else {"codec_hold_steps": args.codec_hold_steps}
         engine = TTSEngine.from_config(EngineConfig(**weight_config(args.weights, args.checkpoint),
-                                                    cache_dir=args.cache_dir, voices_dir=voices, **held))
+                                                    cache_dir=args.cache_dir, voices_dir=voices))
         try:
             engine.warmup()
             engine.capture_all()  # as the server is measured: once every batch graph is captured

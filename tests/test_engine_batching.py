@@ -14,7 +14,7 @@ from engine.config import EngineConfig
 from engine.facade import ReferenceInput, TTSEngine
 from engine.params import SamplingParams
 from engine.runtime import worker as worker_module
-from engine.runtime.scheduler import BLOCK, BLOCK_SIZES
+from engine.runtime.scheduler import BLOCK_SIZES
 from engine.runtime.worker import Job
 from engine.text.splitter import split_text
 from engine.synthesis import RequestRun
@@ -44,7 +44,7 @@ def wait_idle(engine, timeout=30.0):
     synth = engine._synthesizer
     # Cancelled requests are finished at once, but audio already being decoded for them is still
     # delivered (and dropped): wait for the codec too.
-    while engine._worker.in_flight or synth.scheduler.busy or synth.codec_runner.pending or synth.codec_batcher.holding:
+    while engine._worker.in_flight or synth.scheduler.busy or synth.codec_runner.pending:
         assert time.monotonic() < deadline, f"engine still busy: {engine.stats()}"
         time.sleep(0.01)
 
@@ -65,40 +65,6 @@ def test_concurrent_requests_get_their_own_audio(engine):
         assert a.shape == b.shape
         # Same frames, same codec chunks; batched convolutions may round differently on a GPU.
         np.testing.assert_allclose(a, b, rtol=0, atol=1e-4)
-
-
-def test_blocks_and_last_frames_that_wait_for_company_decode_to_the_audio_they_get_alone(engine, monkeypatch):
-    """Requests long enough for full blocks after the ramp, arriving a little apart so that their
-    blocks fall due on different steps: the codec batcher holds blocks and last frames for others'
-    (EngineConfig.codec_hold_steps), and each request's audio is still what it gets alone."""
-    batcher = engine._synthesizer.codec_batcher
-    assert batcher.max_hold > 0, "the engine's default should hold"
-    params = [SamplingParams(max_new_tokens=70 + 7 * i, seed=200 + i) for i in range(6)]
-    texts = [f"A longer request, number {i}." for i in range(6)]
-    alone = [engine.synthesize(t, params=p).audio for t, p in zip(texts, params)]
-    held_together = []
-    route = batcher.route
-
-    def watched(harvests, company):
-        calls = route(harvests, company)
-        if batcher.holding:
-            held_together.append(sorted(h.codes.shape[1] for h in batcher._held))
-        return calls
-
-    monkeypatch.setattr(batcher, "route", watched)
-
-    def run(i):
-        time.sleep(0.02 * i)  # a step or more apart: different phases
-        return engine.synthesize(texts[i], params=params[i]).audio
-
-    with ThreadPoolExecutor(6) as pool:
-        together = list(pool.map(run, range(6)))
-    assert any(len(held) >= 2 and BLOCK in held for held in held_together), "no block waited for company"
-    assert sum(len(a) for a in alone) > 6 * 60 * 2048 // 2  # most requests reached full blocks
-    atol = 0.02 if engine.models.placement.device.type == "cuda" else 1e-4
-    for a, b in zip(alone, together):
-        assert a.shape == b.shape
-        np.testing.assert_allclose(a, b, rtol=0, atol=atol)
 
 
 def test_multi_chunk_requests_with_voices_get_their_own_audio_while_queued_and_batched(engine):

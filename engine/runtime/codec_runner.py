@@ -2,7 +2,8 @@
 
 One streaming codec decoder holds a stream (row) per KV slot. The frames harvested in one
 scheduler iteration decode together: one batched call per chunk length (the scheduler hands most
-sequences out on the same step with the same length, so there are few calls). A sequence's first
+sequences out on the same step with the same length, so there are few calls; streams ending there
+share the call of the graphed length their last frames are padded to). A sequence's first
 frames reset its row, starting a new utterance there.
 
 On CUDA the codec runs on its own CUDA stream, so its convolutions overlap the next decode steps
