@@ -118,32 +118,3 @@ def test_every_tensor_a_graph_reads_is_kept_by_the_runner(runner):
     lost = {ptr: what for g in graphs for ptr, what in g.reads.read.items() if ptr not in kept}
     assert graphs and all(g.reads.read for g in graphs)
     assert not lost, f"read by a graph but not kept: {sorted(lost.values())}"
-
-
-def test_last_chunks_of_different_lengths_share_the_graph_they_are_padded_to(runner, codec, monkeypatch):
-    """Streams ending after 3, 5, 7 and 16 more frames: three calls (graphed lengths 4, 8, 16), each
-    stream's audio cut to its own frames and equal to decoding it alone."""
-    gen = torch.Generator().manual_seed(1)
-    ends = [3, 5, 7, 16]
-    streams = [torch.cat([torch.randint(0, 4096, (1, 16 + n), generator=gen),
-                          torch.randint(0, 1024, (9, 16 + n), generator=gen)]) for n in ends]
-    decoded_lengths = []
-    decode = runner._decode
-    monkeypatch.setattr(runner, "_decode", lambda codes, rows, last=False: (
-        decoded_lengths.append(codes.shape[-1]), decode(codes, rows, last))[1])
-    pieces = [[] for _ in streams]
-    with torch.inference_mode():
-        for first, cut in ((True, slice(0, 16)), (False, None)):
-            runner.submit([Harvest(slot, slot, codes[:, cut] if cut else codes[:, 16:], first=first, final=not first)
-                           for slot, codes in enumerate(streams)])
-            while runner.pending:
-                for item in runner.completed(wait=True):
-                    pieces[item.owner].append(item.audio)
-    assert sorted(decoded_lengths[1:]) == [4, 8, 16]
-    for slot, codes in enumerate(streams):
-        lone = StreamingDecoder(codec)
-        alone = np.concatenate([lone.decode(codes[None, :, :16])[0, 0].numpy(),
-                                lone.decode(codes[None, :, 16:])[0, 0].numpy()])
-        got = np.concatenate(pieces[slot])
-        assert got.shape == alone.shape, slot
-        np.testing.assert_allclose(got, alone, atol=1e-4 * np.abs(alone).max())

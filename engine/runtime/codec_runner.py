@@ -2,8 +2,7 @@
 
 One streaming codec decoder holds a stream (row) per KV slot. The frames harvested in one
 scheduler iteration decode together: one batched call per chunk length (the scheduler hands most
-sequences out on the same step with the same length, so there are few calls; streams ending there
-share the call of the graphed length their last frames are padded to). A sequence's first
+sequences out on the same step with the same length, so there are few calls). A sequence's first
 frames reset its row, starting a new utterance there.
 
 On CUDA the codec runs on its own CUDA stream, so its convolutions overlap the next decode steps
@@ -50,7 +49,7 @@ class Decoded:
 @dataclass
 class _Pending:
     harvests: list[Harvest]
-    outputs: list[tuple[list[int], torch.Tensor, int]]  # (harvest indices, host audio (b, n * frame_length), n)
+    outputs: list[tuple[list[int], torch.Tensor]]  # (harvest indices, host audio (b, n * frame_length))
     ready: Any  # CUDA event after the copies, or None
 
 
@@ -60,11 +59,6 @@ class _Graph:
     codes: torch.Tensor  # (bucket, num_codebooks, n) input
     index: torch.Tensor  # (bucket,) rows
     audio: torch.Tensor  # (bucket, n * frame_length) output
-
-
-def _padded(codes: torch.Tensor, n: int) -> torch.Tensor:
-    """codes (num_codebooks, m <= n) with zero frames after them up to n."""
-    return codes if codes.shape[1] == n else torch.nn.functional.pad(codes, (0, n - codes.shape[1]))
 
 
 class CodecRunner:
@@ -141,15 +135,6 @@ class CodecRunner:
         entry.graph.replay()
         return entry.audio[:b, : n * (entry.audio.shape[1] // padded)]
 
-    def _group_length(self, harvest: Harvest) -> int:
-        """The length a harvest decodes at: its own, or for a stream's last frames, with graphs, the
-        graphed length they are padded to anyway, so that streams ending at different frames share
-        a call."""
-        n = harvest.codes.shape[1]
-        if harvest.final and self._graphs:
-            return next((m for m in BLOCK_SIZES if m >= n), n)
-        return n
-
     @property
     def pending(self) -> bool:
         return bool(self._pending)
@@ -160,9 +145,8 @@ class CodecRunner:
         by_length: dict[int, list[int]] = defaultdict(list)
         for i, h in enumerate(harvests):
             if h.codes.shape[1]:
-                by_length[self._group_length(h)].append(i)
-        groups = [(indices, torch.stack([_padded(harvests[i].codes, n) for i in indices]))
-                  for n, indices in by_length.items()]
+                by_length[h.codes.shape[1]].append(i)
+        groups = [(indices, torch.stack([harvests[i].codes for i in indices])) for indices in by_length.values()]
         starting = [h.slot for h in harvests if h.first]
         outputs = []
         side = torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext()
@@ -180,7 +164,7 @@ class CodecRunner:
                     host.copy_(audio, non_blocking=True)
                 else:
                     host = audio.cpu()
-                outputs.append((indices, host, codes.shape[-1]))
+                outputs.append((indices, host))
             ready = None
             if self.stream is not None:
                 ready = torch.cuda.Event()
@@ -199,12 +183,10 @@ class CodecRunner:
                 item.ready.synchronize()
             self._pending.popleft()
             audio = [np.zeros(0, dtype=np.float32)] * len(item.harvests)
-            for indices, host, n in item.outputs:
+            for indices, host in item.outputs:
                 rows = host.numpy()
-                samples_per_frame = rows.shape[1] // n
                 for row, i in enumerate(indices):
-                    # a copy, not a view of the reused pinned buffer; a padded last chunk cut to its frames
-                    audio[i] = rows[row, : item.harvests[i].codes.shape[1] * samples_per_frame].copy()
+                    audio[i] = rows[row].copy()  # not a view of the reused pinned buffer
             done.extend(Decoded(h.owner, a, h.codes.shape[1], h.final) for h, a in zip(item.harvests, audio))
         return done
 
