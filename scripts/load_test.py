@@ -6,7 +6,8 @@
     python scripts/load_test.py --in-process --weights random --levels 64     # the same requests, no HTTP
 
 --in-process sends the same requests straight to an engine started in this process (parsed by the
-API's own request model, then TTSEngine.synthesize_stream), to tell the HTTP layer's cost apart.
+API's own request model, then TTSEngine.synthesize_stream), to tell the HTTP layer's cost apart;
+--engine-option FIELD=VALUE sets its EngineConfig (e.g. decode_priority=false), for A/B runs.
 
 At each level, that many clients at once each send --requests-per-client streaming requests (raw
 PCM) back to back. Texts are unique; a third of the requests use one of two saved voices (shared:
@@ -264,6 +265,8 @@ def main(argv=None) -> int:
                    help="no server: start an engine here (--weights, --checkpoint, --cache-dir) and send it the requests")
     add_weight_options(p, demo=True)
     p.add_argument("--cache-dir", help="with --in-process: the engine's cache dir (default: the engine's)")
+    p.add_argument("--engine-option", action="append", default=[], metavar="FIELD=VALUE",
+                   help="with --in-process: an EngineConfig field, e.g. decode_priority=false (repeatable)")
     p.add_argument("--levels", default="1,4,16,64")
     p.add_argument("--requests-per-client", type=int, default=2)
     p.add_argument("--max-new-tokens", type=int, default=215, help="frames per request at most (~10 s)")
@@ -275,8 +278,13 @@ def main(argv=None) -> int:
     p.add_argument("--json", type=Path)
     p.add_argument("--html", type=Path)
     args = p.parse_args(argv)
-    if not args.in_process and (args.weights or args.checkpoint or args.cache_dir):
-        p.error("--weights, --checkpoint and --cache-dir set up the engine of --in-process; a server has its own")
+    if not args.in_process and (args.weights or args.checkpoint or args.cache_dir or args.engine_option):
+        p.error("--weights, --checkpoint, --cache-dir and --engine-option set up the engine of --in-process; "
+                "a server has its own")
+    try:
+        args.engine_options = engine_options(args.engine_option)
+    except ValueError as exc:
+        p.error(str(exc))
     if args.distinct_clips < 0:
         p.error(f"--distinct-clips must be 0 or more, got {args.distinct_clips}")
     levels = [int(x) for x in args.levels.split(",") if x.strip()]
@@ -287,6 +295,39 @@ def main(argv=None) -> int:
     report = {"environment": environment(), "url": "in-process" if args.in_process else args.url, "levels": results}
     write_reports(report, args.json, args.html, write_html)
     return 0
+
+
+def engine_options(pairs: list[str]) -> dict:
+    """EngineConfig fields from FIELD=VALUE strings, each value read as its field's type ("none"
+    for a field that may be None)."""
+    import dataclasses
+
+    from engine.config import EngineConfig
+
+    # Set by this script's own options (--weights, --checkpoint, --cache-dir) or by it (voices_dir).
+    own = {"checkpoint", "demo", "random_weights", "cache_dir", "voices_dir"}
+    fields = {f.name: str(f.type) for f in dataclasses.fields(EngineConfig) if f.name not in own}
+    options = {}
+    for pair in pairs:
+        name, equals, value = pair.partition("=")
+        if not equals or name not in fields:
+            raise ValueError(f"--engine-option {pair!r}: give FIELD=VALUE with one of EngineConfig's fields "
+                             f"{', '.join(fields)} (the others have options of their own)")
+        kind, *optional = fields[name].split(" | ")
+        if optional and value.lower() == "none":
+            options[name] = None
+        elif kind == "bool":
+            if value.lower() not in ("true", "false", "1", "0", "on", "off"):
+                raise ValueError(f"--engine-option {pair!r}: {name} is true or false")
+            options[name] = value.lower() in ("true", "1", "on")
+        elif kind in ("int", "float"):
+            try:
+                options[name] = int(value) if kind == "int" else float(value)
+            except ValueError:
+                raise ValueError(f"--engine-option {pair!r}: {name} is a number ({kind})") from None
+        else:
+            options[name] = value
+    return options
 
 
 def run_against_server(args, levels: list[int]) -> list[dict]:
@@ -310,7 +351,7 @@ def run_in_process(args, levels: list[int]) -> list[dict]:
 
     with tempfile.TemporaryDirectory(prefix="s1-load-test-voices-") as voices:  # not the user's saved voices
         engine = TTSEngine.from_config(EngineConfig(**weight_config(args.weights, args.checkpoint),
-                                                    cache_dir=args.cache_dir, voices_dir=voices))
+                                                    cache_dir=args.cache_dir, voices_dir=voices, **args.engine_options))
         try:
             engine.warmup()
             engine.capture_all()  # as the server is measured: once every batch graph is captured

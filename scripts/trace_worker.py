@@ -5,6 +5,7 @@ Python's garbage collector timed, and write every span as JSON; or summarise suc
     python scripts/trace_worker.py --out trace.json launch.py --random-weights --no-ui   # load it, then Ctrl+C
     python scripts/trace_worker.py --out trace.json scripts/load_test.py --in-process --levels 64
     python scripts/trace_worker.py --summary trace.json   # per span; per burst of >= 16 requests (.json.gz too)
+    python scripts/trace_worker.py --summary trace.json --window 136.3 150.3   # the spans of one stretch
 
 Each span is [name, thread, start s, end s, before, after] (seconds from the script's start; before
 and after: what the part saw, e.g. admission's (running, waiting, deferred steps), a step's batch,
@@ -38,6 +39,8 @@ TIMED = [
     ("engine.runtime.scheduler", "Scheduler", "_admit", "admit",
      lambda s, a: (len(s._running), len(s._waiting), s._deferred)),
     ("engine.runtime.scheduler", "Scheduler", "_step", "step", lambda s, a: len(s._running)),
+    ("engine.runtime.scheduler", "Scheduler", "_start", "start", lambda s, a: [seq.slot for seq in a[0]]),
+    ("engine.runtime.scheduler", "Scheduler", "_retire", "retire", lambda s, a: a[0].slot),
     ("engine.runtime.scheduler", "_Snapshot", "wait", "frame_counts_wait", None),
     ("engine.runtime.step_runner", "StepRunner", "prefill_many", "prefill_many", lambda s, a: len(a[0])),
     ("engine.runtime.step_runner", "StepRunner", "prefill", "prefill", None),
@@ -112,11 +115,52 @@ def summarise(spans: list[list]) -> str:
                      + f"; longest prefill call {max(prefills, default=0) * 1000:.0f} ms; longest job (a request's "
                      f"set-up) {max(jobs, default=0) * 1000:.0f} ms; longest collection "
                      f"{max(collections_ms, default=0):.1f} ms")
+    lines += load_lines(spans)
     busy = sorted((s for s in spans if s[0] == "iterate" and s[4] and s[4][0]), key=lambda s: s[2] - s[3])[:5]
     if busy:  # sequences were running: every other stream waited this long for its next frame
         lines.append("longest iterations while sequences ran (ms, running, waiting): " + ", ".join(
             f"{(s[3] - s[2]) * 1000:.0f} at {s[2]:.2f} s ({s[4][0]}, {s[4][1]})" for s in busy))
     return "\n".join(lines)
+
+
+def load_lines(spans: list[list]) -> list[str]:
+    """How full the batched steps and the codec's calls were: rows per step, free slots at each
+    admission (while requests waited for one, and while none did), how long a slot stood empty
+    between a sequence's retirement and the next one's start there, rows per codec call."""
+    lines = []
+    steps = [s[4] for s in spans if s[0] == "step" and s[4]]
+    if steps:
+        lines.append(f"steps: {len(steps)} with sequences, {statistics.mean(steps):.1f} rows on average, "
+                     f"{max(steps)} at most")
+    admits = [s[4] for s in spans if s[0] == "admit" and s[4]]
+    if admits:
+        slots = max(max(steps, default=0), max(r for r, _, _ in admits))
+        waited = sum(min(w, slots - r) for r, w, _ in admits)
+        idle = sum(max(0, slots - r - w) for r, w, _ in admits)
+        lines.append(f"free slots per iteration (of {slots}, the most rows seen): {waited / len(admits):.2f} while "
+                     f"requests waited, {idle / len(admits):.2f} while none did")
+    retired, empty_ms = {}, []
+    for s in sorted((s for s in spans if s[0] in ("retire", "start")), key=lambda s: s[2]):
+        for slot in ([s[4]] if s[0] == "retire" else s[4]):
+            if s[0] == "retire":
+                retired[slot] = s[3]
+            elif slot in retired:
+                empty_ms.append((s[2] - retired.pop(slot)) * 1000)
+    if empty_ms:
+        empty_ms.sort()
+        lines.append(f"a slot empty from a retirement to the next start there: {len(empty_ms)} times, p50 "
+                     f"{statistics.median(empty_ms):.0f} ms, p90 {empty_ms[int(0.9 * (len(empty_ms) - 1))]:.0f} ms")
+    calls = [s[4] for s in spans if s[0] == "codec_submit" and s[4]]
+    if calls:
+        padded = sum(1 << (rows - 1).bit_length() for rows in calls)  # the graphs' power-of-two buckets
+        lines.append(f"codec calls: {len(calls)}, {statistics.mean(calls):.1f} rows on average "
+                     f"({sum(calls)} rows, {padded} with their buckets' padding)")
+    return lines
+
+
+def within(spans: list[list], start: float, end: float) -> list[list]:
+    """The spans that begin in [start, end] (seconds on the trace's clock)."""
+    return [s for s in spans if start <= s[2] <= end]
 
 
 def bursts(spans: list[list], min_requests: int = 16, window_s: float = 1.0) -> list[tuple[float, float, int]]:
@@ -140,13 +184,16 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", type=Path, help="write the spans here, running the script that follows")
     p.add_argument("--summary", type=Path, help="print a summary of a trace file written before")
+    p.add_argument("--window", type=float, nargs=2, metavar=("START", "END"),
+                   help="with --summary: only the spans that begin between these seconds of the trace")
     p.add_argument("script", nargs="?", help="the Python script to run (e.g. launch.py), then its arguments")
     p.add_argument("script_args", nargs=argparse.REMAINDER)
     args = p.parse_args(argv)
     if args.summary:
         opener = gzip.open if args.summary.suffix == ".gz" else open
         with opener(args.summary, "rt") as f:
-            print(summarise(json.load(f)))
+            spans = json.load(f)
+        print(summarise(within(spans, *args.window) if args.window else spans))
         return 0
     if not (args.out and args.script):
         p.error("give --out FILE and a script to run (or --summary FILE)")

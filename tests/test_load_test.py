@@ -43,11 +43,19 @@ def test_load_test_drives_the_server_and_reports_each_level(tmp_path):
     assert "<img" in html and "TTFA p50 ms, inline clip" in html
 
 
-def test_load_test_in_process_sends_the_same_requests_to_an_engine_here(tmp_path):
+def test_load_test_in_process_sends_the_same_requests_to_an_engine_here(tmp_path, monkeypatch):
+    from engine.facade import TTSEngine
+
+    configs = []
+    from_config = TTSEngine.from_config
+    monkeypatch.setattr(TTSEngine, "from_config", lambda config: (configs.append(config), from_config(config))[1])
     out = tmp_path / "in-process.json"
     assert load_test.main(["--in-process", "--weights", "demo", "--cache-dir", str(tmp_path / "cache"),
                            "--levels", "3", "--requests-per-client", "1", "--max-new-tokens", "8",
-                           "--reference-seconds", "1", "--json", str(out)]) == 0
+                           "--reference-seconds", "1", "--engine-option", "max_batch_size=2",
+                           "--engine-option", "decode_priority=off", "--json", str(out)]) == 0
+    (config,) = configs
+    assert config.max_batch_size == 2 and config.decode_priority is False
     report = json.loads(out.read_text())
     assert report["url"] == "in-process"
     (level,) = report["levels"]
@@ -58,9 +66,21 @@ def test_load_test_in_process_sends_the_same_requests_to_an_engine_here(tmp_path
 
 
 def test_engine_options_without_in_process_are_refused():
-    with pytest.raises(SystemExit) as refused:
-        load_test.main(["--weights", "demo", "--levels", "1"])
-    assert refused.value.code == 2
+    for options in (["--weights", "demo"], ["--engine-option", "max_batch_size=2"]):
+        with pytest.raises(SystemExit) as refused:
+            load_test.main([*options, "--levels", "1"])
+        assert refused.value.code == 2
+
+
+def test_engine_options_are_read_as_their_fields_types_and_wrong_ones_explained():
+    assert load_test.engine_options(["decode_priority=false", "max_batch_size=32", "switch_interval_ms=1.5",
+                                     "compile=off", "seed=none"]) == {
+        "decode_priority": False, "max_batch_size": 32, "switch_interval_ms": 1.5, "compile": "off", "seed": None}
+    for wrong, says in [("nope=1", "one of EngineConfig's fields"), ("demo=true", "options of their own"),
+                        ("decode_priority=maybe", "true or false"), ("max_batch_size=x", "a number"),
+                        ("decode_priority", "FIELD=VALUE")]:
+        with pytest.raises(ValueError, match=says):
+            load_test.engine_options([wrong])
 
 
 def test_an_in_process_request_the_api_would_refuse_gets_the_api_s_status():

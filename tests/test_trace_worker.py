@@ -19,7 +19,8 @@ def test_an_in_process_load_test_under_the_tracer_leaves_its_worker_spans(tmp_pa
     assert run.returncode == 0, run.stderr[-2000:]
     spans = json.loads(trace.read_text())
     names = {span[0] for span in spans}
-    assert {"job_submit", "job_run", "iterate", "admit", "step", "prefill_many", "codec_submit", "deliver"} <= names
+    assert {"job_submit", "job_run", "iterate", "admit", "step", "prefill_many", "codec_submit", "deliver",
+            "start", "retire"} <= names
     for name, thread, start, end, _, _ in spans:
         assert 0 <= start <= end
         if name in ("iterate", "step", "admit"):
@@ -30,6 +31,7 @@ def test_an_in_process_load_test_under_the_tracer_leaves_its_worker_spans(tmp_pa
     summary = subprocess.run([sys.executable, "scripts/trace_worker.py", "--summary", str(trace)],
                              cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert summary.returncode == 0 and "iterate" in summary.stdout and "longest iterations while sequences ran" in summary.stdout
+    assert "a slot empty from a retirement to the next start there" in summary.stdout
     packed = tmp_path / "trace.json.gz"  # as the raw traces under docs/benchmarks are kept
     packed.write_bytes(gzip.compress(trace.read_bytes()))
     from_packed = subprocess.run([sys.executable, "scripts/trace_worker.py", "--summary", str(packed)],
@@ -74,3 +76,21 @@ def test_profile_engine_sums_the_tracers_spans_per_level(tmp_path):
     assert level["streams"] == 2 and level["audio_s_per_s"] > 0 and level["steps"] >= 6
     assert {"job_run", "admit", "step", "iterate", "request_prepare"} <= set(level["parts_s"])
     assert 0 <= level["first_step_s"] <= level["wall_s"]
+
+
+def test_the_summary_says_how_full_the_steps_and_codec_calls_were_and_how_long_slots_stood_empty():
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import trace_worker
+
+    spans = [["admit", "w", 1.0, 1.001, [2, 0, 0], [2, 0, 0]], ["step", "w", 1.001, 1.002, 2, 2],
+             ["retire", "w", 1.003, 1.004, 0, 0],
+             ["admit", "w", 1.01, 1.011, [3, 2, 0], [3, 2, 0]], ["step", "w", 1.011, 1.012, 4, 4],
+             ["start", "w", 1.054, 1.055, [0, 3], [0, 3]],
+             ["codec_submit", "w", 1.02, 1.021, 3, 3], ["codec_submit", "w", 1.03, 1.031, 1, 1]]
+    lines = trace_worker.load_lines(spans)
+    assert "steps: 2 with sequences, 3.0 rows on average, 4 at most" in lines
+    # 4 slots (the most rows seen): 2 free with none waiting, then 1 free while 2 waited
+    assert "free slots per iteration (of 4, the most rows seen): 0.50 while requests waited, 1.00 while none did" in lines
+    assert "a slot empty from a retirement to the next start there: 1 times, p50 50 ms, p90 50 ms" in lines
+    assert "codec calls: 2, 2.0 rows on average (4 rows, 5 with their buckets' padding)" in lines
+    assert [s[2] for s in trace_worker.within(spans, 1.01, 1.03)] == [1.01, 1.011, 1.02, 1.03]
