@@ -19,6 +19,8 @@ else
     timeout 120 python scripts/profile_step.py --weights random --frames 40 --batch 64 --kv 512 --kv-cache $kv \
       > $OUT/ps-$kv.txt 2>&1; echo "batch 64 kv_cache=$kv: $(grep graphed $OUT/ps-$kv.txt)"
   done
+  # The drift (full-size random weights give a number, not a verdict: run it on the real checkpoint too)
+  timeout 120 python scripts/kv_cache_error.py --weights random --device cuda --json $OUT/drift.json 2>&1 | tail -9
   for kv in auto fp8; do
     echo "in process, kv_cache=$kv"
     timeout 110 python scripts/load_test.py --in-process --weights random --engine-option kv_cache=$kv \
