@@ -297,37 +297,30 @@ def main(argv=None) -> int:
     return 0
 
 
-def engine_options(pairs: list[str]) -> dict:
-    """EngineConfig fields from FIELD=VALUE strings, each value read as its field's type ("none"
-    for a field that may be None)."""
+def engine_options(pairs: list[str]) -> dict[str, str]:
+    """FIELD=VALUE strings as the S1_MINI_<FIELD> variables EngineConfig.from_env reads (which parses
+    and checks each value as the launcher's environment would); ValueError for a field this script
+    does not take this way."""
     import dataclasses
 
     from engine.config import EngineConfig
+    from engine.errors import InputError
 
     # Set by this script's own options (--weights, --checkpoint, --cache-dir) or by it (voices_dir).
     own = {"checkpoint", "demo", "random_weights", "cache_dir", "voices_dir"}
-    fields = {f.name: str(f.type) for f in dataclasses.fields(EngineConfig) if f.name not in own}
-    options = {}
+    fields = [f.name for f in dataclasses.fields(EngineConfig) if f.name not in own]
+    variables = {}
     for pair in pairs:
         name, equals, value = pair.partition("=")
         if not equals or name not in fields:
             raise ValueError(f"--engine-option {pair!r}: give FIELD=VALUE with one of EngineConfig's fields "
                              f"{', '.join(fields)} (the others have options of their own)")
-        kind, *optional = fields[name].split(" | ")
-        if optional and value.lower() == "none":
-            options[name] = None
-        elif kind == "bool":
-            if value.lower() not in ("true", "false", "1", "0", "on", "off"):
-                raise ValueError(f"--engine-option {pair!r}: {name} is true or false")
-            options[name] = value.lower() in ("true", "1", "on")
-        elif kind in ("int", "float"):
-            try:
-                options[name] = int(value) if kind == "int" else float(value)
-            except ValueError:
-                raise ValueError(f"--engine-option {pair!r}: {name} is a number ({kind})") from None
-        else:
-            options[name] = value
-    return options
+        variables[f"S1_MINI_{name.upper()}"] = value
+    try:
+        EngineConfig.from_env(variables)
+    except InputError as exc:
+        raise ValueError(f"--engine-option: {exc} (the option sets that variable's field)") from None
+    return variables
 
 
 def run_against_server(args, levels: list[int]) -> list[dict]:
@@ -350,8 +343,9 @@ def run_in_process(args, levels: list[int]) -> list[dict]:
     from engine.facade import TTSEngine
 
     with tempfile.TemporaryDirectory(prefix="s1-load-test-voices-") as voices:  # not the user's saved voices
-        engine = TTSEngine.from_config(EngineConfig(**weight_config(args.weights, args.checkpoint),
-                                                    cache_dir=args.cache_dir, voices_dir=voices, **args.engine_options))
+        config = EngineConfig.from_env(args.engine_options, **weight_config(args.weights, args.checkpoint),
+                                       cache_dir=args.cache_dir, voices_dir=voices)
+        engine = TTSEngine.from_config(config)
         try:
             engine.warmup()
             engine.capture_all()  # as the server is measured: once every batch graph is captured

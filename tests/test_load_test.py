@@ -72,13 +72,12 @@ def test_engine_options_without_in_process_are_refused():
         assert refused.value.code == 2
 
 
-def test_engine_options_are_read_as_their_fields_types_and_wrong_ones_explained():
-    assert load_test.engine_options(["decode_priority=false", "max_batch_size=32", "switch_interval_ms=1.5",
-                                     "compile=off", "seed=none"]) == {
-        "decode_priority": False, "max_batch_size": 32, "switch_interval_ms": 1.5, "compile": "off", "seed": None}
+def test_engine_options_are_the_launchers_variables_and_wrong_ones_explained():
+    assert load_test.engine_options(["decode_priority=false", "max_batch_size=32", "compile=off"]) == {
+        "S1_MINI_DECODE_PRIORITY": "false", "S1_MINI_MAX_BATCH_SIZE": "32", "S1_MINI_COMPILE": "off"}
     for wrong, says in [("nope=1", "one of EngineConfig's fields"), ("demo=true", "options of their own"),
                         ("decode_priority=maybe", "true or false"), ("max_batch_size=x", "a number"),
-                        ("decode_priority", "FIELD=VALUE")]:
+                        ("compile=sometimes", "compile must be one of"), ("decode_priority", "FIELD=VALUE")]:
         with pytest.raises(ValueError, match=says):
             load_test.engine_options([wrong])
 
