@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # the engine: summaries use its buckets
 
 # (module, class, method, span name, what to record before and after the call)
 TIMED = [
@@ -133,26 +134,28 @@ def load_lines(spans: list[list]) -> list[str]:
         lines.append(f"steps: {len(steps)} with sequences, {statistics.mean(steps):.1f} rows on average, "
                      f"{max(steps)} at most")
     admits = [s[4] for s in spans if s[0] == "admit" and s[4]]
+    calls = [s[4] for s in spans if s[0] == "codec_submit" and s[4]]
+    slots = max([*steps, *(r for r, _, _ in admits), *calls], default=0)  # the most rows seen
     if admits:
-        slots = max(max(steps, default=0), max(r for r, _, _ in admits))
         waited = sum(min(w, slots - r) for r, w, _ in admits)
         idle = sum(max(0, slots - r - w) for r, w, _ in admits)
         lines.append(f"free slots per iteration (of {slots}, the most rows seen): {waited / len(admits):.2f} while "
                      f"requests waited, {idle / len(admits):.2f} while none did")
-    retired, empty_ms = {}, []
-    for s in sorted((s for s in spans if s[0] in ("retire", "start")), key=lambda s: s[2]):
-        for slot in ([s[4]] if s[0] == "retire" else s[4]):
-            if s[0] == "retire":
-                retired[slot] = s[3]
-            elif slot in retired:
-                empty_ms.append((s[2] - retired.pop(slot)) * 1000)
+    retired, empty_ms = {}, []  # retired: slot -> when its sequence left
+    for name, _, start, end, seen, _ in sorted((s for s in spans if s[0] in ("retire", "start")), key=lambda s: s[2]):
+        if name == "retire":  # seen: the slot
+            retired[seen] = end
+        else:  # seen: the slots started
+            empty_ms += [(start - retired.pop(slot)) * 1000 for slot in seen if slot in retired]
     if empty_ms:
         empty_ms.sort()
         lines.append(f"a slot empty from a retirement to the next start there: {len(empty_ms)} times, p50 "
                      f"{statistics.median(empty_ms):.0f} ms, p90 {empty_ms[int(0.9 * (len(empty_ms) - 1))]:.0f} ms")
-    calls = [s[4] for s in spans if s[0] == "codec_submit" and s[4]]
     if calls:
-        padded = sum(1 << (rows - 1).bit_length() for rows in calls)  # the graphs' power-of-two buckets
+        from engine.runtime.step_runner import bucket_for, buckets_up_to
+
+        buckets = buckets_up_to(slots, 1)  # the codec runner's graphs' row buckets, for that many slots
+        padded = sum(bucket_for(rows, buckets) for rows in calls)
         lines.append(f"codec calls: {len(calls)}, {statistics.mean(calls):.1f} rows on average "
                      f"({sum(calls)} rows, {padded} with their buckets' padding)")
     return lines
@@ -197,7 +200,6 @@ def main(argv=None) -> int:
         return 0
     if not (args.out and args.script):
         p.error("give --out FILE and a script to run (or --summary FILE)")
-    sys.path.insert(0, str(ROOT))
     recorder = Recorder()
     recorder.install()
     atexit.register(recorder.write, args.out)
