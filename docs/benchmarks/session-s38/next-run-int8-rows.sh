@@ -5,6 +5,7 @@
 # step (--quantize int8) only if it reads int8 clearly faster than cuBLAS reads bf16.
 # Tree: rm -rf .i8 && mkdir .i8 && git archive int8-rows engine scripts assets app pytest.ini launch.py \
 #   $(git ls-tree -r --name-only int8-rows tests | grep '\.py$') | tar -x -C .i8      (carry: .whl .i8)
+# (Without the branch: the same files are main with docs/benchmarks/session-s38/int8-rows.diff applied.)
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name --format=csv,noheader; date -u
