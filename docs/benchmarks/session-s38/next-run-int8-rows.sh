@@ -16,7 +16,7 @@ cd .i8
 if [ "${STEP:-kernel}" = kernel ]; then
   S1_FIXTURES_DIR=$OLDPWD/tests/fixtures timeout 240 python -m pytest -q -m gpu -p no:cacheprovider \
     tests/test_int8_rows.py tests/test_fused_linear.py 2>&1 | tail -4
-  timeout 300 python scripts/bench_int8_rows.py --rows 64 --json $OUT/int8-rows-64.json 2>&1 | grep -v Warn
+  timeout 400 python scripts/bench_int8_rows.py --rows 64 --json $OUT/int8-rows-64.json 2>&1 | grep -v Warn
 else
   for run in "none on" "int8 on" "int8 off"; do
     set -- $run
