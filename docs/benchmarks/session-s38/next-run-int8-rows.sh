@@ -8,15 +8,16 @@
 #   $(git ls-tree -r --name-only int8-rows tests | grep '\.py$') | tar -x -C .i8      (carry: .whl .i8)
 # (Without the branch: the same files are main with docs/benchmarks/session-s38/int8-rows.diff applied.)
 # .whl must hold torchao (torchao-0.18.0-py3-none-any.whl, pure Python): the device image has none.
-# STEP=kernel first (GPU tests, then the kernel alone against cuBLAS), then STEP=step.
+# STEP=tests (GPU tests), STEP=bench (the kernel alone against cuBLAS), then STEP=step (the step and in process).
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name --format=csv,noheader; date -u
 cd .i8
-if [ "${STEP:-kernel}" = kernel ]; then
-  S1_FIXTURES_DIR=$OLDPWD/tests/fixtures timeout 240 python -m pytest -q -m gpu -p no:cacheprovider \
+if [ "${STEP:-tests}" = tests ]; then
+  S1_FIXTURES_DIR=$OLDPWD/tests/fixtures timeout 500 python -m pytest -q -m gpu -p no:cacheprovider \
     tests/test_int8_rows.py tests/test_fused_linear.py 2>&1 | tail -4
-  timeout 400 python scripts/bench_int8_rows.py --rows 64 --json $OUT/int8-rows-64.json 2>&1 | grep -v Warn
+elif [ "$STEP" = bench ]; then
+  timeout 500 python scripts/bench_int8_rows.py --rows 64 --json $OUT/int8-rows-64.json 2>&1 | grep -v Warn
 else
   for run in "none on" "int8 on" "int8 off"; do
     set -- $run
