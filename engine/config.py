@@ -60,6 +60,9 @@ class EngineConfig:
     # 0 = leave it as it is. The GPU worker thread, which launches every step, waits up to this long
     # for the GIL when the web server's threads hold it (docs/PERFORMANCE.md).
     switch_interval_ms: float = 0.5
+    # Steps the GPU worker launches after a step before it reads that step's frame counts: the
+    # steps queued ahead of the GPU while the host hands out frames (engine/runtime/scheduler.py).
+    read_back_lag: int = 1
 
     def __post_init__(self):
         _one_of("device", self.device.split(":")[0], DEVICES)
@@ -79,6 +82,8 @@ class EngineConfig:
             raise InputError(f"max_context must be >= 0 (0 = the model's maximum), got {self.max_context}")
         if self.max_reference_seconds <= 0:
             raise InputError("max_reference_seconds must be positive")
+        if self.read_back_lag < 1:
+            raise InputError(f"read_back_lag must be at least 1, got {self.read_back_lag}")
         if self.switch_interval_ms < 0:
             raise InputError(f"switch_interval_ms must be >= 0 (0 = leave it as it is), got {self.switch_interval_ms}")
 

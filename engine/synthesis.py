@@ -112,9 +112,10 @@ class ClipEncode:
 class Synthesizer:
     def __init__(self, models: LoadedModels, reference_cache: ReferenceCodeCache, policy: CompilePolicy,
                  exact_sampling: bool, capacity: int, slots: int, prefix_cache_bytes: int, reference_frames: int,
-                 decode_priority: bool = True):
+                 decode_priority: bool = True, read_back_lag: int = 1):
         """capacity: KV positions per sequence; slots: sequences decoded at once; reference_frames:
-        the longest reference clip, in codec frames; decode_priority: see claim_thread."""
+        the longest reference clip, in codec frames; decode_priority: see claim_thread;
+        read_back_lag: see Scheduler."""
         self.models = models
         self.decode_priority = decode_priority
         self.reference_cache = reference_cache
@@ -128,7 +129,8 @@ class Synthesizer:
             # the other 151,679 rows of the output matrix (310 MB in bf16 at full size): free them.
             models.model.release_output_()
         self.prefix_cache = PrefixCache(cache, prefix_cache_bytes)
-        self.scheduler = Scheduler(self.runner, self.prefix_cache, frame_rate=models.codec.config.frame_rate)
+        self.scheduler = Scheduler(self.runner, self.prefix_cache, frame_rate=models.codec.config.frame_rate,
+                                   read_back_lag=read_back_lag)
         if policy.compile:  # CUDA with Triton: the decoder's pointwise work as Triton kernels
             from .model import codec_kernels
 

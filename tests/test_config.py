@@ -9,11 +9,11 @@ from engine.errors import InputError
 def test_env_values_are_parsed_by_type_and_overrides_win():
     env = {"S1_MINI_DEMO": "yes", "S1_MINI_MAX_QUEUE": "7", "S1_MINI_MAX_REFERENCE_SECONDS": "30.5",
            "S1_MINI_SEED": "", "S1_MINI_DEVICE": "cpu", "S1_MINI_COMPILE": "off",
-           "S1_MINI_DECODE_PRIORITY": "on", "S1_MINI_SWITCH_INTERVAL_MS": "2"}
+           "S1_MINI_DECODE_PRIORITY": "on", "S1_MINI_SWITCH_INTERVAL_MS": "2", "S1_MINI_READ_BACK_LAG": "2"}
     config = EngineConfig.from_env(env, compile="auto", checkpoint=None)
     assert config.demo is True and config.max_queue == 7 and config.max_reference_seconds == 30.5
     assert config.seed is None and config.device == "cpu"
-    assert config.decode_priority is True and config.switch_interval_ms == 2.0
+    assert config.decode_priority is True and config.switch_interval_ms == 2.0 and config.read_back_lag == 2
     assert config.compile == "auto"  # the override wins; None overrides are ignored
     assert EngineConfig.from_env({}) == EngineConfig()
 
@@ -26,6 +26,7 @@ def test_env_values_are_parsed_by_type_and_overrides_win():
     ({"S1_MINI_MAX_CONTEXT": "-1"}, "max_context"),
     ({"S1_MINI_MAX_BATCH_SIZE": "-1"}, "max_batch_size"),
     ({"S1_MINI_SWITCH_INTERVAL_MS": "-0.5"}, "switch_interval_ms"),
+    ({"S1_MINI_READ_BACK_LAG": "0"}, "read_back_lag must be at least 1"),
 ])
 def test_bad_values_are_explained(env, message):
     with pytest.raises(InputError, match=message):

@@ -54,10 +54,11 @@ def specs(s1_dir, s1_expected):
     return [make(*p) for p in plan]
 
 
-def scheduler_for(model, slots, prefix_bytes=1 << 30):
+def scheduler_for(model, slots, prefix_bytes=1 << 30, read_back_lag=1):
     c = model.config
     cache = KVCache(c.n_layer, slots, c.n_local_heads, CAPACITY, c.head_dim, torch.float32, "cpu")
-    return Scheduler(StepRunner(model, cache, EAGER), PrefixCache(cache, prefix_bytes), max_admit_per_step=2)
+    return Scheduler(StepRunner(model, cache, EAGER), PrefixCache(cache, prefix_bytes), max_admit_per_step=2,
+                     read_back_lag=read_back_lag)
 
 
 def alone(model, spec):
@@ -89,6 +90,58 @@ def test_a_sequence_gets_the_same_codes_alone_or_among_others(model, specs):
     assert not torch.equal(owners[0].codes, owners[4].codes)
     assert scheduler.free_slots == 4 and not scheduler.busy
     assert int(scheduler.runner.state.active.sum()) == 0
+
+
+def test_a_longer_read_back_lag_hands_out_the_same_frames_later(model, specs):
+    """Read-backs three steps behind: every sequence gets the same frames in the same blocks, each
+    hand-out two iterations later than with the default lag of one, and every slot is freed."""
+    def run(lag):
+        scheduler = scheduler_for(model, 4, read_back_lag=lag)
+        owners = [Collector() for _ in specs]
+        first_out = {}
+
+        def arrive(i):
+            for k in {0: [0, 1], 3: [2], 5: [3, 4, 5]}.get(i, []):
+                scheduler.submit(specs[k], owners[k])
+            for k, owner in enumerate(owners):
+                if owner.blocks and k not in first_out:
+                    first_out[k] = i
+
+        run_until_idle(scheduler, arrive)
+        assert scheduler.free_slots == 4 and not scheduler.busy and scheduler.drained
+        assert int(scheduler.runner.state.active.sum()) == 0
+        return owners, first_out
+
+    (default, default_first), (lagged, lagged_first) = run(1), run(3)
+    for k, (a, b) in enumerate(zip(default, lagged, strict=True)):
+        assert a.error is None and b.error is None and a.finished and b.finished
+        assert [x.shape for x in a.blocks] == [x.shape for x in b.blocks], f"sequence {k}"
+        assert torch.equal(a.codes, b.codes), f"sequence {k}"
+    assert lagged_first[0] == default_first[0] + 2
+
+
+def test_a_sequence_filling_the_context_stays_inside_it_with_a_longer_read_back_lag(model, specs):
+    """No frame limit: the budget is what the context leaves, less the steps the lag runs past it,
+    so the cache's last position is written and none beyond (the step would refuse a kv length
+    past the capacity)."""
+    spec = specs[3]
+    unlimited = SequenceSpec(spec.prompt, spec.temperature, spec.top_p, spec.repetition_penalty, spec.noise_key, 0,
+                             stop_at_end=False)
+    results = {}
+    for lag in (1, 3):
+        scheduler, owner = scheduler_for(model, 1, read_back_lag=lag), Collector()
+        scheduler.submit(unlimited, owner)
+        run_until_idle(scheduler)
+        assert owner.error is None and owner.finished
+        results[lag] = owner.codes
+    room = CAPACITY - spec.prompt.shape[1]
+    assert results[1].shape[1] == room and results[3].shape[1] == room - 2
+    assert torch.equal(results[3], results[1][:, : room - 2])
+
+
+def test_a_read_back_lag_below_one_is_refused(model):
+    with pytest.raises(ValueError, match="read_back_lag must be at least 1"):
+        scheduler_for(model, 1, read_back_lag=0)
 
 
 def test_prefix_cache_hit_gives_the_same_codes_as_a_miss(model, specs):

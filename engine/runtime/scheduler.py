@@ -21,10 +21,11 @@ One `iteration()` (on the GPU worker thread):
      audio, then 8 and 16, then every BLOCK frames; sequences admitted together stay together, so
      their audio decodes in one batched codec call), retiring those that finished.
 
-The read-back lags one step: after a step that makes sequences due, a copy of the counts is queued
-behind it, and the next iteration reads it only after launching its own step. The GPU so always
-has a step queued while the host waits and hands out frames; a finished sequence runs one step more
-than it needs, which nobody sees.
+The read-back lags `read_back_lag` steps (1 by default): after a step that makes sequences due, a
+copy of the counts is queued behind it, and it is read only once that many later steps have been
+launched. The GPU so always has that many steps queued while the host waits and hands out frames
+(a host held up by other threads, e.g. a web server's, for less than their time leaves the GPU no
+gap); a finished sequence runs that many steps more than it needs, which nobody sees.
 
 Nothing here knows about audio or requests: a sequence's owner is any object with a `cancelled`
 property and a `fail(exc)` method; frames come back as `Harvest`s for the caller to decode.
@@ -107,6 +108,7 @@ class _Snapshot:
     host: Tensor  # (2, S) int64: frames before <|im_end|>, and done
     ready: Any  # a CUDA event recorded after the copy, or None when the copy was synchronous
     steps: dict[int, tuple["_Running", int, bool]]  # slot -> (sequence, its steps then, due then)
+    step: int  # the scheduler's step count when it was taken
 
     def wait(self) -> tuple[list[int], list[int]]:
         if self.ready is not None:
@@ -132,9 +134,12 @@ class _Running:
 
 class Scheduler:
     def __init__(self, runner: StepRunner, prefix_cache: PrefixCache | None = None, max_admit_per_step: int = 16,
-                 frame_rate: float | None = None, clock=time.monotonic):
+                 frame_rate: float | None = None, clock=time.monotonic, read_back_lag: int = 1):
         """frame_rate: frames per second of audio, for the listeners' lead (see ADMIT_MIN_LEAD_S); None
-        admits without looking at it. clock: seconds, monotonic."""
+        admits without looking at it. clock: seconds, monotonic. read_back_lag: steps launched after
+        a step before its frame counts are read (see the module's docstring); at least 1."""
+        if read_back_lag < 1:
+            raise ValueError(f"read_back_lag must be at least 1, got {read_back_lag}")
         self.runner = runner
         self.frame_rate, self.clock = frame_rate, clock
         self.prefix_cache = prefix_cache
@@ -142,12 +147,15 @@ class Scheduler:
         self.n_slots = runner.cache.n_slots
         self._waiting: deque[tuple[SequenceSpec, Any, bool]] = deque()  # (spec, owner, front)
         self._running: dict[int, _Running] = {}  # by slot
-        self._snapshot: _Snapshot | None = None
+        self.read_back_lag = read_back_lag
+        self._snapshots: deque[_Snapshot] = deque()  # taken, not yet read; oldest first
         device = runner.state.length.device
         pinned = device.type == "cuda"
-        # Two buffers: the snapshot of this step is written while the last one is being read.
-        self._host = [torch.zeros(2, self.n_slots, dtype=torch.int64, pin_memory=pinned) for _ in range(2)]
-        self._flip = 0
+        # One buffer more than the snapshots left unread after an iteration: a step's snapshot is
+        # written while those are still to be read.
+        self._host = [torch.zeros(2, self.n_slots, dtype=torch.int64, pin_memory=pinned)
+                      for _ in range(read_back_lag + 1)]
+        self._next_host = 0
         self._steps = 0  # batched steps run so far
         self._admit_at = 0  # the step from which the waiting sequences are admitted (see ADMIT_GATHER_STEPS)
         self._deferred = 0  # steps in a row admission has waited for listeners' lead (see ADMIT_MIN_LEAD_S)
@@ -167,7 +175,7 @@ class Scheduler:
     @property
     def busy(self) -> bool:
         # A snapshot not yet read still holds its sequences' owners: one more iteration drops it.
-        return bool(self._waiting or self._running or self._snapshot is not None)
+        return bool(self._waiting or self._running or self._snapshots)
 
     @property
     def running(self) -> int:
@@ -184,7 +192,7 @@ class Scheduler:
     @property
     def drained(self) -> bool:
         """No sequence running and no step's read-back outstanding: graphs may be captured."""
-        return not self._running and self._snapshot is None
+        return not self._running and not self._snapshots
 
     @property
     def demand(self) -> int:
@@ -201,10 +209,13 @@ class Scheduler:
     def iteration(self) -> list[Harvest]:
         self._drop_cancelled()
         self._admit()
-        snapshot, self._snapshot = self._snapshot, None
         if self._running:
             self._step()
-        return self._harvest(snapshot) if snapshot is not None else []
+        harvests = []
+        # Once nothing runs, no later step will come: the snapshots left are read at once.
+        while self._snapshots and (self._snapshots[0].step <= self._steps - self.read_back_lag or not self._running):
+            harvests += self._harvest(self._snapshots.popleft())
+        return harvests
 
     def fail_all(self, exc: BaseException) -> None:
         """After an error in a batched step: every running and waiting sequence fails with it."""
@@ -250,7 +261,10 @@ class Scheduler:
             spec, owner, front = self._waiting.popleft()
             seq = _Running(spec, owner, free[len(admitted)], spec.prompt.shape[1], 0, continues=front)
             try:
-                seq.budget = frame_budget(spec.prompt.shape[1], spec.max_new_tokens, self.runner.cache.capacity)
+                # The steps run past a sequence's end before its read-back (read_back_lag - 1 of
+                # them beyond the one the cache's last position takes) must find room too.
+                room = self.runner.cache.capacity - (self.read_back_lag - 1)
+                seq.budget = frame_budget(spec.prompt.shape[1], spec.max_new_tokens, room)
                 seq.text_start, prefix = self._voice_prefix(seq.slot, spec)
             except Exception as exc:  # this sequence's fault (or its prefill's): it alone fails
                 owner.fail(exc)
@@ -345,7 +359,7 @@ class Scheduler:
             seq.steps += 1
         due = {slot: self._due(seq) for slot, seq in self._running.items()}
         if any(due.values()):
-            self._snapshot = self._take_snapshot(due)
+            self._snapshots.append(self._take_snapshot(due))
 
     @staticmethod
     def _due(seq: _Running) -> bool:
@@ -357,8 +371,8 @@ class Scheduler:
 
     def _take_snapshot(self, due: dict[int, bool]) -> _Snapshot:
         state = self.runner.state
-        host = self._host[self._flip]
-        self._flip ^= 1
+        host = self._host[self._next_host]
+        self._next_host = (self._next_host + 1) % len(self._host)
         host[0].copy_(state.length, non_blocking=True)
         host[1].copy_(state.done, non_blocking=True)
         ready = None
@@ -366,7 +380,7 @@ class Scheduler:
             ready = torch.cuda.Event()
             ready.record()
         steps = {slot: (seq, seq.steps, due[slot]) for slot, seq in self._running.items()}
-        return _Snapshot(host, ready, steps)
+        return _Snapshot(host, ready, steps, self._steps)
 
     def _harvest(self, snapshot: _Snapshot) -> list[Harvest]:
         """Frames of the sequences due at the snapshot's step (or found ended there)."""
