@@ -62,7 +62,7 @@ class EngineConfig:
     switch_interval_ms: float = 0.5
     # Steps the GPU worker launches after a step before it reads that step's frame counts: the
     # steps queued ahead of the GPU while the host hands out frames (engine/runtime/scheduler.py).
-    read_back_lag: int = 1
+    read_back_lag: int = 2
 
     def __post_init__(self):
         _one_of("device", self.device.split(":")[0], DEVICES)
