@@ -117,6 +117,7 @@ def summarise(spans: list[list]) -> str:
                      f"set-up) {max(jobs, default=0) * 1000:.0f} ms; longest collection "
                      f"{max(collections_ms, default=0):.1f} ms")
     lines += load_lines(spans)
+    lines += pace_lines(spans)
     busy = sorted((s for s in spans if s[0] == "iterate" and s[4] and s[4][0]), key=lambda s: s[2] - s[3])[:5]
     if busy:  # sequences were running: every other stream waited this long for its next frame
         lines.append("longest iterations while sequences ran (ms, running, waiting): " + ", ".join(
@@ -158,6 +159,44 @@ def load_lines(spans: list[list]) -> list[str]:
         padded = sum(bucket_for(rows, buckets) for rows in calls)
         lines.append(f"codec calls: {len(calls)}, {statistics.mean(calls):.1f} rows on average "
                      f"({sum(calls)} rows, {padded} with their buckets' padding)")
+    return lines
+
+
+def pace_lines(spans: list[list]) -> list[str]:
+    """How fast the steps came and what held the host: batched steps per second; the host's work
+    between two read-backs of frame counts (while it works, the GPU runs only the steps queued
+    before: Scheduler.read_back_lag); and a slot's turnover split in two, a retirement to the next
+    request's submission (its last audio, the client's turn) and a submission to its start in a
+    slot (the worker's queue, admission). Requests are not named in the trace: each retirement is
+    paired with the first submission after it, and each submission with the first start after it."""
+    lines = []
+    steps = sorted(s[2] for s in spans if s[0] == "step" and s[4])
+    if len(steps) > 1:
+        lines.append(f"batched steps: {(len(steps) - 1) / (steps[-1] - steps[0]):.0f} a second")
+    waits = sorted((s[2], s[3]) for s in spans if s[0] == "frame_counts_wait")
+    if len(waits) > 1:
+        between = sorted((nxt[0] - prev[1]) * 1000 for prev, nxt in zip(waits, waits[1:]))
+        lines.append(f"host work between two frame-count read-backs: p50 {statistics.median(between):.1f} ms, "
+                     f"p90 {between[int(0.9 * (len(between) - 1))]:.1f} ms")
+
+    def first_after(times: list[float], later: list[float]) -> list[float]:
+        gaps, j = [], 0
+        for t in times:
+            while j < len(later) and later[j] < t:
+                j += 1
+            if j == len(later):
+                break
+            gaps.append((later[j] - t) * 1000)
+            j += 1
+        return sorted(gaps)
+
+    retired = sorted(s[3] for s in spans if s[0] == "retire")
+    submitted = sorted(s[2] for s in spans if s[0] == "job_submit")
+    started = sorted(s[2] for s in spans if s[0] == "start" for _ in s[4])
+    for what, gaps in (("a retirement to the next request's submission", first_after(retired, submitted)),
+                       ("a submission to its start in a slot", first_after(submitted, started))):
+        if gaps:
+            lines.append(f"{what}: p50 {statistics.median(gaps):.0f} ms, p90 {gaps[int(0.9 * (len(gaps) - 1))]:.0f} ms")
     return lines
 
 

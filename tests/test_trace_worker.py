@@ -94,3 +94,22 @@ def test_the_summary_says_how_full_the_steps_and_codec_calls_were_and_how_long_s
     assert "a slot empty from a retirement to the next start there: 1 times, p50 50 ms, p90 50 ms" in lines
     assert "codec calls: 2, 2.0 rows on average (4 rows, 5 with their buckets' padding)" in lines
     assert [s[2] for s in trace_worker.within(spans, 1.01, 1.03)] == [1.01, 1.011, 1.02, 1.03]
+
+
+def test_the_summary_says_how_fast_steps_came_and_where_a_slots_turnover_went():
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import trace_worker
+
+    spans = [["step", "w", 1.0, 1.001, 2, 2], ["step", "w", 1.5, 1.501, 2, 2], ["step", "w", 2.0, 2.001, 0, 0],
+             ["frame_counts_wait", "w", 1.1, 1.11, None, None], ["frame_counts_wait", "w", 1.13, 1.14, None, None],
+             ["frame_counts_wait", "w", 1.19, 1.2, None, None], ["frame_counts_wait", "w", 1.3, 1.31, None, None],
+             ["retire", "w", 1.2, 1.21, 0, 0], ["job_submit", "h", 1.31, 1.311, None, None],
+             ["job_submit", "h", 1.05, 1.051, None, None],  # before the retirement: not its successor
+             ["start", "w", 1.35, 1.351, [0], [0]]]
+    lines = trace_worker.pace_lines(spans)
+    assert "batched steps: 2 a second" in lines  # two steps with rows, 0.5 s apart
+    # 20, 50 and 100 ms (the nearest rank below, as the other percentiles here)
+    assert "host work between two frame-count read-backs: p50 50.0 ms, p90 50.0 ms" in lines
+    assert "a retirement to the next request's submission: p50 100 ms, p90 100 ms" in lines
+    # the submission at 1.05 s pairs with the only start (300 ms); the one at 1.31 s finds none after it
+    assert "a submission to its start in a slot: p50 300 ms, p90 300 ms" in lines
