@@ -6,11 +6,19 @@ Python's garbage collector timed, and write every span as JSON; or summarise suc
     python scripts/trace_worker.py --out trace.json scripts/load_test.py --in-process --levels 64
     python scripts/trace_worker.py --summary trace.json   # per span; per burst of >= 16 requests (.json.gz too)
     python scripts/trace_worker.py --summary trace.json --window 136.3 150.3   # the spans of one stretch
+    python scripts/trace_worker.py --gpu-events --out trace.json launch.py ...   # and the GPU's busy time (CUDA)
 
 Each span is [name, thread, start s, end s, before, after] (seconds from the script's start; before
 and after: what the part saw, e.g. admission's (running, waiting, deferred steps), a step's batch,
 a garbage collection's generation and objects collected). The file is written when the script
 exits, Ctrl+C included. A few microseconds per timed call: compare traced runs with traced runs.
+
+With --gpu-events (CUDA), the GPU work the worker queues (batched steps, prefills, codec calls) is
+also bracketed by CUDA events, written as spans of thread "gpu" on the same clock (`gpu_step`
+(batch, kv needed), `gpu_prefill`, `gpu_codec` (rows, frames)): a span runs from when its stream
+reached the call's first work to when it finished the call's last. The codec's stream and the
+steps' take turns on the GPU, so a codec span also covers the steps run inside it; the union of all
+spans is the time the GPU had work, and the summary gives the rest as the GPU's idle share.
 """
 
 from __future__ import annotations
@@ -53,11 +61,67 @@ TIMED = [
 ]
 
 
+# (module, class, method, span name, what to record): GPU work bracketed by CUDA events (--gpu-events)
+GPU_TIMED = [
+    ("engine.runtime.step_runner", "StepRunner", "step", "gpu_step", lambda s, a: [a[0], a[1]]),
+    ("engine.runtime.step_runner", "StepRunner", "prefill_many", "gpu_prefill", lambda s, a: len(a[0])),
+    ("engine.runtime.step_runner", "StepRunner", "prefill", "gpu_prefill", lambda s, a: 1),
+    ("engine.runtime.codec_runner", "CodecRunner", "_decode", "gpu_codec",
+     lambda s, a: [len(a[1]), int(a[0].shape[-1])]),
+]
+
+
+class GpuEvents:
+    """CUDA events around GPU work, resolved at exit to spans on the recorder's clock. The clock's
+    anchor is an event synchronised with the host when the first one is recorded (the GPU is idle
+    then, so its time is the host's within microseconds)."""
+
+    def __init__(self, recorder: "Recorder", limit: int = 500_000):
+        self.recorder, self.limit = recorder, limit
+        self.calls: list[tuple[str, object, object, object]] = []  # (name, start event, end event, seen)
+        self._anchor: tuple[object, float] | None = None
+
+    def time_method(self, owner: type, method: str, name: str, observe) -> None:
+        import torch
+
+        original = getattr(owner, method)
+
+        def timed(obj, *args, **kwargs):
+            if len(self.calls) >= self.limit or not torch.cuda.is_available() or torch.cuda.is_current_stream_capturing():
+                return original(obj, *args, **kwargs)
+            if self._anchor is None:
+                anchor = torch.cuda.Event(enable_timing=True)
+                anchor.record()
+                anchor.synchronize()
+                self._anchor = (anchor, time.perf_counter() - self.recorder.origin)
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            try:
+                return original(obj, *args, **kwargs)
+            finally:
+                end.record()
+                self.calls.append((name, start, end, observe(obj, args)))
+
+        setattr(owner, method, timed)
+
+    def spans(self) -> list[list]:
+        if self._anchor is None:
+            return []
+        import torch
+
+        torch.cuda.synchronize()
+        anchor, at = self._anchor
+        return [[name, "gpu", round(at + anchor.elapsed_time(start) / 1000, 6),
+                 round(at + anchor.elapsed_time(end) / 1000, 6), seen, None]
+                for name, start, end, seen in self.calls]
+
+
 class Recorder:
-    def __init__(self):
+    def __init__(self, gpu_events: bool = False):
         self.origin = time.perf_counter()
         self.spans: list[list] = []
         self._gc_started: float | None = None
+        self.gpu = GpuEvents(self) if gpu_events else None
 
     def add(self, name: str, started: float, before=None, after=None) -> None:
         self.spans.append([name, threading.current_thread().name, round(started - self.origin, 6),
@@ -87,9 +151,14 @@ class Recorder:
 
         for module, cls, method, name, observe in TIMED:
             self.time_method(getattr(importlib.import_module(module), cls), method, name, observe)
+        if self.gpu is not None:  # around the host spans' wrappers (a few microseconds of host time)
+            for module, cls, method, name, observe in GPU_TIMED:
+                self.gpu.time_method(getattr(importlib.import_module(module), cls), method, name, observe)
         gc.callbacks.append(self.on_gc)
 
     def write(self, path: Path) -> None:
+        if self.gpu is not None:
+            self.spans += self.gpu.spans()
         path.write_text(json.dumps(self.spans))
         print(f"trace: {len(self.spans)} spans written to {path}", file=sys.stderr)
 
@@ -118,6 +187,7 @@ def summarise(spans: list[list]) -> str:
                      f"{max(collections_ms, default=0):.1f} ms")
     lines += load_lines(spans)
     lines += pace_lines(spans)
+    lines += gpu_lines(spans)
     busy = sorted((s for s in spans if s[0] == "iterate" and s[4] and s[4][0]), key=lambda s: s[2] - s[3])[:5]
     if busy:  # sequences were running: every other stream waited this long for its next frame
         lines.append("longest iterations while sequences ran (ms, running, waiting): " + ", ".join(
@@ -200,6 +270,40 @@ def pace_lines(spans: list[list]) -> list[str]:
     return lines
 
 
+def gpu_lines(spans: list[list]) -> list[str]:
+    """From --gpu-events spans: the share of the time the GPU had work queued (the union of the
+    spans, from the first one's start to the last one's end) and its idle gaps; a step's and a codec
+    call's span (a codec span includes the steps that ran inside it)."""
+    gpu = sorted((s for s in spans if s[1] == "gpu"), key=lambda s: s[2])
+    if not gpu:
+        return []
+    busy, gaps = 0.0, []
+    start, end = gpu[0][2], gpu[0][3]
+    for s in gpu[1:]:
+        if s[2] > end:
+            busy += end - start
+            gaps.append((s[2] - end) * 1000)
+            start = s[2]
+        end = max(end, s[3])
+    busy += end - start
+    total = max(s[3] for s in gpu) - gpu[0][2]
+    gaps.sort()
+    lines = [f"GPU with work: {100 * busy / total:.1f}% of {total:.2f} s; idle {total - busy:.3f} s in {len(gaps)} gaps "
+             f"({sum(g > 1 for g in gaps)} over 1 ms, longest {gaps[-1] if gaps else 0:.1f} ms)"]
+    steps = sorted((s[3] - s[2]) * 1000 for s in gpu if s[0] == "gpu_step")
+    if steps:
+        lines.append(f"gpu_step: {len(steps)} spans, p50 {statistics.median(steps):.2f} ms")
+    codec: dict[int, list[tuple[float, int]]] = {}
+    for s in gpu:
+        if s[0] == "gpu_codec":
+            codec.setdefault(s[4][1], []).append(((s[3] - s[2]) * 1000, s[4][0]))
+    for frames, calls in sorted(codec.items()):
+        ms = sorted(m for m, _ in calls)
+        lines.append(f"gpu_codec, {frames} frames: {len(calls)} calls of {statistics.mean(r for _, r in calls):.1f} rows, "
+                     f"span p50 {statistics.median(ms):.2f} ms")
+    return lines
+
+
 def within(spans: list[list], start: float, end: float) -> list[list]:
     """The spans that begin in [start, end] (seconds on the trace's clock)."""
     return [s for s in spans if start <= s[2] <= end]
@@ -228,6 +332,8 @@ def main(argv=None) -> int:
     p.add_argument("--summary", type=Path, help="print a summary of a trace file written before")
     p.add_argument("--window", type=float, nargs=2, metavar=("START", "END"),
                    help="with --summary: only the spans that begin between these seconds of the trace")
+    p.add_argument("--gpu-events", action="store_true",
+                   help="with --out: also bracket the GPU work the worker queues with CUDA events (see above)")
     p.add_argument("script", nargs="?", help="the Python script to run (e.g. launch.py), then its arguments")
     p.add_argument("script_args", nargs=argparse.REMAINDER)
     args = p.parse_args(argv)
@@ -239,7 +345,7 @@ def main(argv=None) -> int:
         return 0
     if not (args.out and args.script):
         p.error("give --out FILE and a script to run (or --summary FILE)")
-    recorder = Recorder()
+    recorder = Recorder(gpu_events=args.gpu_events)
     recorder.install()
     atexit.register(recorder.write, args.out)
     script = os.path.abspath(args.script)

@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -113,3 +115,70 @@ def test_the_summary_says_how_fast_steps_came_and_where_a_slots_turnover_went():
     assert "a retirement to the next request's submission: p50 100 ms, p90 100 ms" in lines
     # the submission at 1.05 s pairs with the only start (300 ms); the one at 1.31 s finds none after it
     assert "a submission to its start in a slot: p50 300 ms, p90 300 ms" in lines
+
+
+def test_the_gpu_summary_gives_the_union_of_the_gpu_spans_and_its_idle_gaps():
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import trace_worker
+
+    spans = [["gpu_step", "gpu", 1.000, 1.004, [64, 512], None],
+             ["gpu_codec", "gpu", 1.002, 1.010, [8, 32], None],  # overlaps the step: counted once
+             ["gpu_step", "gpu", 1.012, 1.016, [64, 512], None],  # after a 2 ms gap
+             ["gpu_codec", "gpu", 1.0164, 1.020, [4, 4], None],  # after a 0.4 ms gap
+             ["step", "s1-gpu-worker", 0.5, 0.6, 64, 64]]  # a host span: not the GPU's
+    lines = trace_worker.gpu_lines(spans)
+    # busy 10 + 4 + 3.6 ms of 20
+    assert lines[0] == "GPU with work: 88.0% of 0.02 s; idle 0.002 s in 2 gaps (1 over 1 ms, longest 2.0 ms)"
+    assert "gpu_step: 2 spans, p50 4.00 ms" in lines
+    assert "gpu_codec, 4 frames: 1 calls of 4.0 rows, span p50 3.60 ms" in lines
+    assert "gpu_codec, 32 frames: 1 calls of 8.0 rows, span p50 8.00 ms" in lines
+    assert trace_worker.gpu_lines(spans[-1:]) == []
+
+
+def test_gpu_events_without_cuda_leave_the_calls_alone(monkeypatch):
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import torch
+
+    import trace_worker
+
+    class Part:
+        def work(self, x):
+            return x + 1
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    recorder = trace_worker.Recorder(gpu_events=True)
+    recorder.gpu.time_method(Part, "work", "gpu_work", lambda s, a: a[0])
+    assert Part().work(1) == 2
+    assert recorder.gpu.calls == [] and recorder.gpu.spans() == []
+
+
+@pytest.mark.gpu
+def test_gpu_events_bracket_the_steps_and_codec_calls_of_an_in_process_load_test(tmp_path):
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    trace = tmp_path / "trace.json"
+    run = subprocess.run(
+        [sys.executable, "scripts/trace_worker.py", "--gpu-events", "--out", str(trace), "scripts/load_test.py",
+         "--in-process", "--weights", "demo", "--cache-dir", str(tmp_path / "cache"), "--levels", "2",
+         "--requests-per-client", "1", "--max-new-tokens", "8", "--reference-seconds", "1"],
+        cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, run.stderr[-2000:]
+    spans = json.loads(trace.read_text())
+    gpu = [s for s in spans if s[1] == "gpu"]
+    assert {"gpu_step", "gpu_codec", "gpu_prefill"} <= {s[0] for s in gpu}
+    host_steps = [s for s in spans if s[0] == "step"]
+    for name, _, start, end, _, _ in gpu:
+        assert 0 <= start <= end
+    # The clocks agree to well under a millisecond: the first step's GPU work ends after the host
+    # queued it, and before the host's first read-back of frame counts (of that step or a later one) returned.
+    first_host, first_gpu = min(s[2] for s in host_steps), min(s[3] for s in gpu if s[0] == "gpu_step")
+    first_read_back = min(s[3] for s in spans if s[0] == "frame_counts_wait")
+    assert first_host - 1e-3 < first_gpu < first_read_back + 1e-3
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import trace_worker
+
+    busy = trace_worker.gpu_lines(spans)[0]
+    assert busy.startswith("GPU with work: ")
+    assert 0 < float(busy.split(":")[1].split("%")[0]) <= 100
