@@ -1,7 +1,8 @@
 # Prepared for the next device session (not run): main with read-back lag 2 by default.
-# 1. Over HTTP, traced: bursts of 64 (cached voices) and the sustained cached mix, so that the
-#    turnover and step-pace lines of `trace_worker.py --summary` show what lag 2 left (GPU idle or
-#    slots standing empty); one stream's first audio.
+# 0. The GPU test of trace_worker's --gpu-events (written in session s39, not yet run on a GPU).
+# 1. Over HTTP, traced with --gpu-events: bursts of 64 (cached voices) and the sustained cached mix,
+#    so that the summary shows what lag 2 left: the GPU's idle share (its "GPU with work" line), the
+#    steps' pace, slots standing empty; one stream's first audio.
 # 2. In process, the sustained mix at lag 2 and lag 1 (same machine), to check that the engine
 #    alone is not slower with the extra step a sequence runs.
 # Every file goes back in one tarball (a call returns at most 8 files). Set S1_COMMIT by hand: the
@@ -10,7 +11,8 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 export PYTHONPATH=/tmp/site:. PYTHONUNBUFFERED=1 S1_COMMIT=${S1_COMMIT:?set S1_COMMIT to the commit under test}
 nvidia-smi --query-gpu=name --format=csv,noheader; date -u
 R=/tmp/next; mkdir -p $R
-python scripts/trace_worker.py --out $R/trace-http.json launch.py --random-weights --no-ui > $R/server.txt 2>&1 &
+timeout 200 python -m pytest -q -m gpu -p no:cacheprovider tests/test_trace_worker.py 2>&1 | tail -3
+python scripts/trace_worker.py --gpu-events --out $R/trace-http.json launch.py --random-weights --no-ui > $R/server.txt 2>&1 &
 PID=$!
 until curl -sf http://127.0.0.1:7860/ready > /dev/null; do kill -0 $PID 2>/dev/null || exit 1; sleep 1; done
 lt() { timeout 150 python scripts/load_test.py "$@" 2>&1 | grep -E "streams:"; }
