@@ -178,6 +178,42 @@ def test_padded_codec_replays_keep_the_spare_rows_position_bounded():
     assert positions[runner.rows] <= 16, positions  # 12 x 16 = 192 before the fix
 
 
+def test_the_decode_loop_and_codec_never_wait_for_the_gpu_outside_their_read_backs(tiny_model, s1_expected):
+    """With torch's sync debug mode raising, sequences are admitted, stepped in graphs, handed out,
+    one cancelled and the rest retired, and a padded last chunk goes through a codec graph: nothing
+    in that loop may wait for a stream (a host scalar written into a device tensor did, on every
+    retirement: the GPU drained its queued steps while the host worked, 2026-11-27). The loop's own
+    waits are CUDA events, which the mode does not count."""
+    from engine.runtime.codec_runner import CodecRunner
+    from engine.runtime.scheduler import Harvest
+
+    runner = StepRunner(tiny_model, new_cache(tiny_model, 4), EAGER_GRAPHS)
+    runner.prepare()
+    codec_runner = CodecRunner(load_models(EngineConfig(demo=True, device="cuda")).codec, rows=4, max_frames=256)
+    codec_runner.prepare()
+    prompt = s1_expected["prompt_b"].long().cuda()
+    scheduler, owners = Scheduler(runner), [Collector() for _ in range(4)]
+    for seed, (owner, frames) in enumerate(zip(owners, (20, 33, 45, 40)), 1):
+        scheduler.submit(SequenceSpec(prompt, 0.8, 0.8, 1.2, seed, frames, stop_at_end=False), owner)
+    codes = torch.zeros(10, 9, dtype=torch.long, device="cuda")  # 9 frames: padded to a graphed length
+
+    def cancel_one(i):
+        owners[3].cancelled = i >= 12
+
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        with torch.inference_mode():
+            run_until_idle(scheduler, cancel_one)
+            codec_runner.submit([Harvest(slot, slot, codes, first=True, final=True) for slot in range(3)])
+            while codec_runner.pending:
+                codec_runner.completed(wait=True)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    assert [o.finished for o in owners[:3]] == [True] * 3 and owners[3].error is not None
+    assert [o.codes.shape[1] for o in owners[:3]] == [20, 33, 45]
+
+
 def test_prefill_attention_builds_no_cudnn_plan_per_prompt_length(s1_dir, s1_expected):
     """Prompt lengths vary per request, and cuDNN attention builds an execution plan for each new
     length (and compiled its first ones for up to ~1 s on the H100), so the runner's prefill keeps

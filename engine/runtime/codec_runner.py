@@ -127,7 +127,7 @@ class CodecRunner:
         if entry is None:
             return self.decoder.decode(codes, rows=rows)[:, 0]
         b = len(rows)
-        entry.codes[:b, :, n:] = 0
+        entry.codes[:b, :, n:].zero_()  # a fill on the device: `= 0` would wait for the codec's stream
         entry.codes[:b, :, :n].copy_(codes)
         index = torch.full((entry.index.shape[0],), self.rows, dtype=torch.long, pin_memory=self.stream is not None)
         index[:b] = torch.tensor(rows)

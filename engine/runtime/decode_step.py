@@ -90,9 +90,10 @@ class DecodeState:
 
     def stop(self, slot: int) -> None:
         """Free the slot: its row keeps running inside larger batches but no longer advances, and
-        writes its KV at position 0 (its last position may be the cache's end)."""
-        self.active[slot] = 0
-        self.positions[slot] = 0
+        writes its KV at position 0 (its last position may be the cache's end). Fills on the device:
+        `tensor[i] = 0` would copy a host scalar, which on CUDA waits for the stream's queued steps."""
+        self.active[slot].zero_()
+        self.positions[slot].zero_()
 
 
 def decode_step(model: DualARTransformer, head, cache: KVCache, fast_cache: KVCache, state: DecodeState,

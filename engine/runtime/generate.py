@@ -72,7 +72,7 @@ class FullVocabHead:
         """run_head is ignored: this exact mode always runs the plain vocabulary-wide head."""
         logits = self.model.slow_logits(hidden)[:, -1]
         # Padding rows past the last semantic id are not tokens; never sample them.
-        logits[:, self.first_padding_id:] = float("-inf")
+        logits[:, self.first_padding_id:].fill_(float("-inf"))  # on the device (`= -inf` copies a host scalar)
         return logits
 
     def index_of(self, tokens: Tensor) -> tuple[Tensor, Tensor]:

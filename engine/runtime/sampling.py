@@ -93,7 +93,7 @@ def outside_nucleus_sorted(logits: Tensor, top_p: Tensor) -> Tensor:
     sorted_logits, order = torch.sort(logits, descending=True, stable=True, dim=-1)
     cumulative = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
     remove_sorted = cumulative > top_p
-    remove_sorted[:, 0] = False
+    remove_sorted[:, 0].fill_(False)  # on the device (`= False` copies a host scalar, waiting on CUDA)
     return torch.zeros_like(remove_sorted).scatter_(1, order, remove_sorted)
 
 

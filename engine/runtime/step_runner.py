@@ -360,7 +360,8 @@ class StepRunner:
         parts = [prompt[:, start:-1].T for _, prompt, start in rows]  # (columns, 1 + num_codebooks) each
         columns = torch.nn.utils.rnn.pad_sequence(parts, batch_first=True).transpose(1, 2).long()
         device = columns.device
-        starts = torch.tensor([start for _, _, start in rows], device=device)
+        # From pageable memory without waiting (torch.tensor(..., device=cuda) waits for the stream).
+        starts = torch.tensor([start for _, _, start in rows]).to(device, non_blocking=True)
         positions = starts[:, None] + torch.arange(columns.shape[2], device=device)
         kv_len = max(start for _, _, start in rows) + columns.shape[2]
         with torch.inference_mode(), sdpa_kernel(PREFILL_ATTENTION):
