@@ -139,6 +139,21 @@ def test_a_sequence_filling_the_context_stays_inside_it_with_a_longer_read_back_
     assert torch.equal(results[3], results[1][:, : room - 2])
 
 
+def test_after_a_failed_step_nothing_is_left_to_hand_out(model, specs):
+    """fail_all fails every running and waiting sequence and drops the frame counts not yet read
+    (with a lag of two, one step's are still queued): the scheduler is idle at once."""
+    scheduler = scheduler_for(model, 2, read_back_lag=2)
+    owners = [Collector() for _ in range(3)]
+    for spec, owner in zip(specs[:3], owners):
+        scheduler.submit(spec, owner)
+    for _ in range(RAMP[0] + 1):  # past the first hand-out: its read-back is queued
+        iterate(scheduler)
+    assert scheduler._snapshots
+    scheduler.fail_all(RuntimeError("injected"))
+    assert not scheduler.busy and scheduler.drained and scheduler.free_slots == 2
+    assert all(isinstance(o.error, RuntimeError) for o in owners)
+
+
 def test_a_read_back_lag_below_one_is_refused(model):
     with pytest.raises(ValueError, match="read_back_lag must be at least 1"):
         scheduler_for(model, 1, read_back_lag=0)

@@ -224,6 +224,7 @@ class Scheduler:
             seq.owner.fail(exc)
         while self._waiting:
             self._waiting.popleft()[1].fail(exc)
+        self._snapshots.clear()  # their sequences have failed: nothing left to hand out
         self._deferred = 0
 
     def _drop_cancelled(self) -> None:
