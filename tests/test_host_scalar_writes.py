@@ -15,19 +15,20 @@ from scheduling import Collector, run_until_idle
 
 
 class HostScalarWrites(TorchDispatchMode):
-    """Records every copy into a tensor from a tensor lifted from a Python scalar."""
+    """Records every copy into a tensor from a tensor lifted from Python values (a scalar written
+    with `t[i] = 0`, or `t.copy_(torch.tensor([...]))`)."""
 
     def __init__(self):
         super().__init__()
-        self.lifted: set[int] = set()
+        self.lifted: dict[int, torch.Tensor] = {}  # held, so that no other tensor takes a recorded id
         self.writes: list[str] = []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         if func is torch.ops.aten.lift_fresh.default:
-            self.lifted.add(id(out))
-        elif func is torch.ops.aten.copy_.default and id(args[1]) in self.lifted:
-            self.writes.append(f"{tuple(args[0].shape)} <- {args[1].item()!r}")
+            self.lifted[id(out)] = out
+        elif func is torch.ops.aten.copy_.default and self.lifted.get(id(args[1])) is args[1]:
+            self.writes.append(f"{tuple(args[0].shape)} <- {args[1].tolist()!r}")
         return out
 
 
