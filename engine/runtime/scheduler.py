@@ -21,11 +21,12 @@ One `iteration()` (on the GPU worker thread):
      audio, then 8 and 16, then every BLOCK frames; sequences admitted together stay together, so
      their audio decodes in one batched codec call), retiring those that finished.
 
-The read-back lags `read_back_lag` steps (1 by default): after a step that makes sequences due, a
-copy of the counts is queued behind it, and it is read only once that many later steps have been
-launched. The GPU so always has that many steps queued while the host waits and hands out frames
-(a host held up by other threads, e.g. a web server's, for less than their time leaves the GPU no
-gap); a finished sequence runs that many steps more than it needs, which nobody sees.
+The read-back lags `read_back_lag` steps (EngineConfig's default: 2): after a step that makes
+sequences due, a copy of the counts is queued behind it, and it is read only once that many later
+steps have been launched. The GPU so always has that many steps queued while the host waits and
+hands out frames (a host held up by other threads, e.g. a web server's, for less than their time
+leaves the GPU no gap); a finished sequence runs that many steps more than it needs, which nobody
+sees.
 
 Nothing here knows about audio or requests: a sequence's owner is any object with a `cancelled`
 property and a `fail(exc)` method; frames come back as `Harvest`s for the caller to decode.
