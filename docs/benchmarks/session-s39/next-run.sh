@@ -3,7 +3,8 @@
 #   .prev: rm -rf .prev && mkdir .prev && git archive 0b90a59 engine scripts assets app launch.py | tar -x -C .prev
 #   (0b90a59: main before the host-scalar fix, with the read-back lag 2 and the GPU events; add .prev to .git/info/exclude)
 # PART=tests: the GPU tests written in session s39 after its device time was spent: the decode loop
-#   and codec under torch's sync debug mode, and trace_worker's --gpu-events.
+#   and codec under torch's sync debug mode, and trace_worker's --gpu-events; then
+#   scripts/profile_codec_calls.py (new, not yet run): a codec call's fixed and per-row cost.
 # PART=ab: in process, the sustained mix traced with --gpu-events, main against .prev (main, prev,
 #   main): did the fills on the device (no stream wait at each retirement) raise the GPU's busy
 #   share and the throughput?
@@ -18,8 +19,11 @@ export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 S1_COMMIT=${S1_COMMIT:?set S1_COM
 nvidia-smi --query-gpu=name --format=csv,noheader; date -u
 R=/tmp/next; mkdir -p $R
 if [ "${PART:-tests}" = tests ]; then
-  S1_FIXTURES_DIR=$PWD/tests/fixtures timeout 500 python -m pytest -q -m gpu -p no:cacheprovider tests/test_trace_worker.py \
+  S1_FIXTURES_DIR=$PWD/tests/fixtures timeout 300 python -m pytest -q -m gpu -p no:cacheprovider tests/test_trace_worker.py \
     "tests/test_gpu.py::test_the_decode_loop_and_codec_never_wait_for_the_gpu_outside_their_read_backs" 2>&1 | tail -15
+  # one codec call's cost per row bucket and length (the fixed part and the part per row)
+  PYTHONPATH=/tmp/site:. timeout 240 python scripts/profile_codec_calls.py --weights random \
+    --row-buckets 1,2,3,4,6,8,12,16,24,32,48,64 --json $R/codec-calls.json 2>&1 | grep -v Warn
 elif [ "$PART" = ab ] || [ "$PART" = buckets ]; then
   if [ "$PART" = buckets ]; then
     (cd .rb && S1_FIXTURES_DIR=$OLDPWD/tests/fixtures PYTHONPATH=/tmp/site:. timeout 240 python -m pytest -q \
