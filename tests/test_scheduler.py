@@ -15,7 +15,8 @@ from engine.model.dual_ar import TokenLayout
 from engine.model.loading import load_dual_ar
 from engine.runtime.kv_cache import KVCache
 from engine.runtime.prefix_cache import PrefixCache
-from engine.runtime.scheduler import (ADMIT_GATHER_STEPS, ADMIT_MAX_DEFER_STEPS, ADMIT_MIN_LEAD_S, RAMP, RAMP_END,
+from engine.runtime.scheduler import (ADMIT_GATHER_STEPS, ADMIT_MAX_DEFER_STEPS, ADMIT_MIN_LEAD_S, BLOCK,
+                                      END_CHECK_STEPS, RAMP, RAMP_END,
                                       Scheduler, SequenceSpec)
 from engine.runtime.step_runner import StepRunner
 from engine.text.prompt import text_part, voice_prefix
@@ -157,6 +158,29 @@ def test_after_a_failed_step_nothing_is_left_to_hand_out(model, specs):
 def test_a_read_back_lag_below_one_is_refused(model):
     with pytest.raises(ValueError, match="read_back_lag must be at least 1"):
         scheduler_for(model, 1, read_back_lag=0)
+
+
+@pytest.mark.parametrize("lag", [1, 2])
+def test_a_stream_that_ends_between_its_blocks_is_found_within_a_few_steps(model, specs, lag):
+    """Past its ramp a stream hands out every BLOCK steps, but the frame counts are read every
+    END_CHECK_STEPS steps: a stream that sampled its end mid-block hands out its last frames and
+    frees its slot within END_CHECK_STEPS steps (plus the read-back lag), not at its next block."""
+    import dataclasses
+
+    scheduler = scheduler_for(model, 1, read_back_lag=lag)
+    owner = Collector()
+    scheduler.submit(dataclasses.replace(specs[3], max_new_tokens=4 * BLOCK, stop_at_end=True), owner)
+    ended_at = RAMP_END + BLOCK // 2 + 1  # mid-block
+    while not (scheduler._running and scheduler._running[0].steps == ended_at):
+        iterate(scheduler)
+    state = scheduler.runner.state  # as if the last step had sampled <|im_end|>
+    state.done[0], state.length[0] = True, ended_at - 1
+    iterations = 0
+    while not owner.finished:
+        iterate(scheduler)
+        iterations += 1
+    assert iterations <= END_CHECK_STEPS + lag
+    assert owner.codes.shape[1] == ended_at - 1 and scheduler.free_slots == 1
 
 
 def test_prefix_cache_hit_gives_the_same_codes_as_a_miss(model, specs):

@@ -57,6 +57,10 @@ BLOCK = 32
 BLOCK_SIZES = (*RAMP, BLOCK)  # every non-final hand-out has one of these lengths
 RAMP_MARKS = tuple(itertools.accumulate(RAMP))  # the steps at which the ramp's hand-outs are due
 RAMP_END = RAMP_MARKS[-1]
+# Frame counts are also read every this many steps, whoever is due: past its ramp a stream hands
+# out every BLOCK steps, and one that sampled its end in between is found this soon (plus the
+# read-back lag), its slot freed and its last audio handed out.
+END_CHECK_STEPS = 4
 # A prefix shorter than this is cheaper to prefill than to look up and copy.
 MIN_PREFIX = 16
 # While sequences run, a new arrival waits up to this many steps for others to arrive and be
@@ -360,7 +364,7 @@ class Scheduler:
         for seq in self._running.values():
             seq.steps += 1
         due = {slot: self._due(seq) for slot, seq in self._running.items()}
-        if any(due.values()):
+        if any(due.values()) or self._steps % END_CHECK_STEPS == 0:
             self._snapshots.append(self._take_snapshot(due))
 
     @staticmethod
