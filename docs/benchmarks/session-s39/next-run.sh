@@ -7,6 +7,7 @@
 # PART=tests (carry .whl): the GPU tests written in session s39 after its device time was spent (the
 #   decode loop and codec under torch's sync debug mode; trace_worker's --gpu-events), then
 #   scripts/profile_codec_calls.py (new): a codec call's fixed and per-row cost per bucket and length.
+# PART=tests2 (carry .whl): main's test_gpu.py and test_engine_batching.py on the GPU (~6 min).
 # PART=branchtests (carry .whl .rb .al): the branches' GPU tests on codec, scheduler and batching.
 # PART=trees (carry .whl .rb .al; .prev too if TREES names it): in process, the sustained mix traced
 #   with --gpu-events, one run per tree in TREES (default: main rb al main): the GPU's busy share,
@@ -26,6 +27,11 @@ if [ "${PART:-tests}" = tests ]; then
     "tests/test_gpu.py::test_the_decode_loop_and_codec_never_wait_for_the_gpu_outside_their_read_backs" 2>&1 | tail -15
   PYTHONPATH=/tmp/site:. timeout 240 python scripts/profile_codec_calls.py --weights random \
     --row-buckets 1,2,3,4,6,8,12,16,24,32,48,64 --json $R/codec-calls.json 2>&1 | grep -v Warn
+elif [ "$PART" = tests2 ]; then
+  # main's scheduler and engine on the GPU since the last run of these (read-back lag 2 ran them;
+  # since then: fills instead of host scalars, frame counts read every END_CHECK_STEPS steps)
+  S1_FIXTURES_DIR=$PWD/tests/fixtures timeout 500 python -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu.py \
+    tests/test_engine_batching.py 2>&1 | tail -4
 elif [ "$PART" = branchtests ]; then
   for tree in rb al; do
     echo "== $tree"
