@@ -195,6 +195,12 @@ def summarise(spans: list[list]) -> str:
     return "\n".join(lines)
 
 
+def p50_p90(values: list[float]) -> tuple[float, float]:
+    """The median and the 90th percentile (the nearest rank below) of values."""
+    ordered = sorted(values)
+    return statistics.median(ordered), ordered[int(0.9 * (len(ordered) - 1))]
+
+
 def load_lines(spans: list[list]) -> list[str]:
     """How full the batched steps and the codec's calls were: rows per step, free slots at each
     admission (while requests waited for one, and while none did), how long a slot stood empty
@@ -219,9 +225,9 @@ def load_lines(spans: list[list]) -> list[str]:
         else:  # seen: the slots started
             empty_ms += [(start - retired.pop(slot)) * 1000 for slot in seen if slot in retired]
     if empty_ms:
-        empty_ms.sort()
+        p50, p90 = p50_p90(empty_ms)
         lines.append(f"a slot empty from a retirement to the next start there: {len(empty_ms)} times, p50 "
-                     f"{statistics.median(empty_ms):.0f} ms, p90 {empty_ms[int(0.9 * (len(empty_ms) - 1))]:.0f} ms")
+                     f"{p50:.0f} ms, p90 {p90:.0f} ms")
     if calls:
         from engine.runtime.step_runner import bucket_for, buckets_up_to
 
@@ -245,9 +251,8 @@ def pace_lines(spans: list[list]) -> list[str]:
         lines.append(f"batched steps: {(len(steps) - 1) / (steps[-1] - steps[0]):.0f} a second")
     waits = sorted((s[2], s[3]) for s in spans if s[0] == "frame_counts_wait")
     if len(waits) > 1:
-        between = sorted((nxt[0] - prev[1]) * 1000 for prev, nxt in zip(waits, waits[1:]))
-        lines.append(f"host work between two frame-count read-backs: p50 {statistics.median(between):.1f} ms, "
-                     f"p90 {between[int(0.9 * (len(between) - 1))]:.1f} ms")
+        p50, p90 = p50_p90([(nxt[0] - prev[1]) * 1000 for prev, nxt in zip(waits, waits[1:])])
+        lines.append(f"host work between two frame-count read-backs: p50 {p50:.1f} ms, p90 {p90:.1f} ms")
 
     def first_after(times: list[float], later: list[float]) -> list[float]:
         gaps, j = [], 0
@@ -258,7 +263,7 @@ def pace_lines(spans: list[list]) -> list[str]:
                 break
             gaps.append((later[j] - t) * 1000)
             j += 1
-        return sorted(gaps)
+        return gaps
 
     retired = sorted(s[3] for s in spans if s[0] == "retire")
     submitted = sorted(s[2] for s in spans if s[0] == "job_submit")
@@ -266,7 +271,8 @@ def pace_lines(spans: list[list]) -> list[str]:
     for what, gaps in (("a retirement to the next request's submission", first_after(retired, submitted)),
                        ("a submission to its start in a slot", first_after(submitted, started))):
         if gaps:
-            lines.append(f"{what}: p50 {statistics.median(gaps):.0f} ms, p90 {gaps[int(0.9 * (len(gaps) - 1))]:.0f} ms")
+            p50, p90 = p50_p90(gaps)
+            lines.append(f"{what}: p50 {p50:.0f} ms, p90 {p90:.0f} ms")
     return lines
 
 

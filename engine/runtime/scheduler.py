@@ -263,13 +263,13 @@ class Scheduler:
         free = sorted(set(range(self.n_slots)) - self._running.keys())
         admitted: list[_Running] = []
         stored: dict[int, tuple[Tensor, Tensor]] = {}  # by slot: the cached voice prefixes to place
+        # The steps run past a sequence's end before its read-back (read_back_lag - 1 of them beyond
+        # the one the cache's last position takes) must find room too.
+        room = self.runner.cache.capacity - (self.read_back_lag - 1)
         while self._waiting and len(self._running) + len(admitted) < limit and len(admitted) < self.max_admit_per_step:
             spec, owner, front = self._waiting.popleft()
             seq = _Running(spec, owner, free[len(admitted)], spec.prompt.shape[1], 0, continues=front)
             try:
-                # The steps run past a sequence's end before its read-back (read_back_lag - 1 of
-                # them beyond the one the cache's last position takes) must find room too.
-                room = self.runner.cache.capacity - (self.read_back_lag - 1)
                 seq.budget = frame_budget(spec.prompt.shape[1], spec.max_new_tokens, room)
                 seq.text_start, prefix = self._voice_prefix(seq.slot, spec)
             except Exception as exc:  # this sequence's fault (or its prefill's): it alone fails
