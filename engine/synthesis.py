@@ -174,7 +174,7 @@ class Synthesizer:
         `capture_more` captures them. Returns the seconds it took."""
         seconds = self.runner.prepare([1])
         if self.runner.policy.cuda_graphs:
-            seconds += self.codec_runner.prepare([1]) + self.reference_encoder.prepare()
+            seconds += self.codec_runner.prepare(1) + self.reference_encoder.prepare()
         return seconds
 
     def capture_more(self, up_to: int = 0) -> bool:
@@ -190,7 +190,7 @@ class Synthesizer:
         while self.runner.pending_batches:
             batch = self.runner.pending_batches[0]
             try:
-                seconds = self.codec_runner.prepare([batch]) + self.runner.prepare([batch])
+                seconds = self.codec_runner.prepare(batch) + self.runner.prepare([batch])
             except Exception:
                 self.runner.stop_capturing()
                 logger.exception("capturing the graphs of batch {} failed; serving at most {} sequences at once",

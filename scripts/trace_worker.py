@@ -229,9 +229,10 @@ def load_lines(spans: list[list]) -> list[str]:
         lines.append(f"a slot empty from a retirement to the next start there: {len(empty_ms)} times, p50 "
                      f"{p50:.0f} ms, p90 {p90:.0f} ms")
     if calls:
-        from engine.runtime.step_runner import bucket_for, buckets_up_to
+        from engine.runtime.codec_runner import codec_row_buckets
+        from engine.runtime.step_runner import bucket_for
 
-        buckets = buckets_up_to(slots, 1)  # the codec runner's graphs' row buckets, for that many slots
+        buckets = codec_row_buckets(slots)  # the codec runner's graphs' row buckets, for that many slots
         padded = sum(bucket_for(rows, buckets) for rows in calls)
         lines.append(f"codec calls: {len(calls)}, {statistics.mean(calls):.1f} rows on average "
                      f"({sum(calls)} rows, {padded} with their buckets' padding)")

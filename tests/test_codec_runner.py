@@ -16,7 +16,8 @@ import engine.runtime.codec_runner as codec_runner
 from engine.config import EngineConfig
 from engine.loader import load_models
 from engine.model.codec_stream import StreamingDecoder
-from engine.runtime.scheduler import Harvest
+from engine.runtime.scheduler import BLOCK_SIZES, Harvest
+from engine.runtime.step_runner import bucket_for
 
 
 class ReadsFromOutside(TorchDispatchMode):
@@ -77,19 +78,44 @@ def codec():
 @pytest.fixture
 def runner(codec, monkeypatch):
     monkeypatch.setattr(codec_runner, "capture", capture_by_replaying)
-    runner = codec_runner.CodecRunner(codec, rows=4, max_frames=256)
+    runner = codec_runner.CodecRunner(codec, rows=8, max_frames=256)
     runner.prepare()
     assert runner._graphs, "the stand-in should have been captured for every bucket and length"
     return runner
 
 
+def test_row_buckets_are_powers_of_two_and_the_sizes_halfway():
+    assert codec_runner.codec_row_buckets(1) == [1]
+    assert codec_runner.codec_row_buckets(4) == [1, 2, 3, 4]
+    assert codec_runner.codec_row_buckets(64) == [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64]
+    assert codec_runner.codec_row_buckets(40) == [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 40]
+    for rows in range(1, 200):  # a call of r rows pads to at most 1.5 r (+1 for the smallest)
+        buckets = codec_runner.codec_row_buckets(rows)
+        assert buckets[-1] == rows and buckets == sorted(set(buckets))
+        assert all(bucket_for(r, buckets) <= 1.5 * r + 1 for r in range(1, rows + 1))
+
+
+def test_prepare_captures_the_buckets_up_to_a_batch_once(codec, monkeypatch):
+    monkeypatch.setattr(codec_runner, "capture", capture_by_replaying)
+    runner = codec_runner.CodecRunner(codec, rows=8, max_frames=64)
+    runner.prepare(1)
+    assert {bucket for bucket, _ in runner._graphs} == {1}
+    first = dict(runner._graphs)
+    runner.prepare(4)  # the step's batch bucket 4: codec buckets 2, 3 and 4 join
+    assert {bucket for bucket, _ in runner._graphs} == {1, 2, 3, 4}
+    assert all(runner._graphs[key] is graph for key, graph in first.items())  # none captured again
+    runner.prepare()
+    assert {bucket for bucket, _ in runner._graphs} == {1, 2, 3, 4, 6, 8}
+    assert len(runner._graphs) == 6 * len(BLOCK_SIZES)
+
+
 def test_padded_replays_leave_real_streams_alone_and_the_spare_row_bounded(runner, codec):
-    """Three streams in a bucket of four, twelve 16-frame chunks: every replay has one padded row on
+    """Five streams in a bucket of six, twelve 16-frame chunks: every replay has one padded row on
     the spare stream. Before each replay reset the spare row, its position grew by 16 a replay until
     the RoPE gather ran past the table (a device assert on the H100 under sustained load)."""
     gen = torch.Generator().manual_seed(0)
     streams = [torch.cat([torch.randint(0, 4096, (1, 192), generator=gen),
-                          torch.randint(0, 1024, (9, 192), generator=gen)]) for _ in range(3)]
+                          torch.randint(0, 1024, (9, 192), generator=gen)]) for _ in range(5)]
     pieces = [[] for _ in streams]
     with torch.inference_mode():
         for call in range(12):
@@ -100,7 +126,7 @@ def test_padded_replays_leave_real_streams_alone_and_the_spare_row_bounded(runne
                 for item in runner.completed(wait=True):
                     pieces[item.owner].append(item.audio)
         positions = runner.decoder.positions.tolist()
-        assert positions[:3] == [192, 192, 192]
+        assert positions[:5] == [192] * 5
         assert positions[runner.rows] <= 16, positions
         for slot, codes in enumerate(streams):
             lone = StreamingDecoder(codec)

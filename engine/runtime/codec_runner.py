@@ -15,7 +15,10 @@ With CUDA graphs, the chunk lengths (BLOCK_SIZES, and a stream's shorter last ch
 of them) replay a graph captured per (row bucket, length) instead of launching the decoder's
 ~1,500 kernels from Python, which would keep the host (and so the decode steps) waiting. A graph
 decodes a bucket of rows: the rows a call does not use point at one spare stream, whose state
-nobody reads.
+nobody reads, and cost as much GPU time as real ones. The buckets are the powers of two and the
+sizes halfway between them (ROW_BUCKET_STEPS), so that at most a third of the rows a graph decodes
+are padding (half, with powers of two alone: the sustained 64-stream mix of docs/PERFORMANCE.md
+then decoded 17-22% more rows than it had).
 """
 
 from __future__ import annotations
@@ -35,7 +38,20 @@ from ..model.codec_stream import Rows, StreamingDecoder
 from ..model.tuned_conv import tuning
 from .cuda_graphs import capture
 from .scheduler import BLOCK, BLOCK_SIZES, Harvest
-from .step_runner import bucket_for, buckets_up_to
+from .step_runner import bucket_for
+
+# Row buckets: these sizes times the powers of two (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, ...).
+ROW_BUCKET_STEPS = (2, 3)
+
+
+def codec_row_buckets(rows: int) -> list[int]:
+    """The codec graphs' row buckets for `rows` streams: 1, then each power of two and 1.5 times
+    it below `rows`, then `rows`."""
+    sizes, power = {1}, 1
+    while power < rows:
+        sizes.update(step * power // 2 for step in ROW_BUCKET_STEPS)
+        power *= 2
+    return sorted(size for size in sizes if size < rows) + [rows]
 
 
 @dataclass
@@ -73,20 +89,24 @@ class CodecRunner:
         self._pending: deque[_Pending] = deque()
         self._graphs: dict[tuple[int, int], _Graph] = {}
         self._pool = None  # every codec graph shares one memory pool
-        self.row_buckets = buckets_up_to(rows, 1)
+        self.row_buckets = codec_row_buckets(rows)
         # Every graph resets the spare row through this; kept here, since a graph holds no reference
         # to the tensors it reads (one freed and reused would turn the reset's index into garbage).
         self._spare = Rows(torch.full((1,), rows, dtype=torch.long, device=device), np.full(1, rows))
 
-    def prepare(self, row_buckets: list[int] | None = None) -> float:
-        """Capture a graph per chunk length for each row bucket (all by default); CUDA only, and
-        only while nothing is pending. Returns the seconds it took."""
+    def prepare(self, up_to: int | None = None) -> float:
+        """Capture a graph per chunk length for each row bucket of at most `up_to` rows (all by
+        default) not captured yet; CUDA only, and only while nothing is pending. Returns the
+        seconds it took."""
         started = time.perf_counter()
         captured = len(self._graphs)
         with torch.inference_mode(), tuning(self.decoder.codec.decoder):
-            for bucket in row_buckets or self.row_buckets:
+            for bucket in self.row_buckets:
+                if up_to is not None and bucket > up_to:
+                    break
                 for n in BLOCK_SIZES:
-                    self._capture(bucket, n)
+                    if (bucket, n) not in self._graphs:
+                        self._capture(bucket, n)
         self.decoder.reset()
         if self.stream is not None:
             torch.cuda.synchronize()
