@@ -1,0 +1,69 @@
+# Session s40's device calls: session s39's next-run.sh, with several parts per call (PARTS) and the
+# results packed after every run, so that a call cut short still brings back what it finished.
+# Set S1_COMMIT by hand (the device's copy of the repository has a stale HEAD). Trees, each in a
+# folder .git/info/exclude ignores (branches rebased on main c32d2e3):
+#   for b in "codec-row-buckets .rb" "aligned-blocks .al"; do set -- $b; rm -rf $2 && mkdir $2 && \
+#     git archive $1 engine scripts assets app pytest.ini launch.py \
+#       $(git ls-tree -r --name-only $1 tests | grep '\.py$') | tar -x -C $2; done
+# Parts:
+#   tests:  the GPU tests written in session s39 after its device time was spent (the decode loop and
+#           codec under torch's sync debug mode; trace_worker's --gpu-events)
+#   codec:  scripts/profile_codec_calls.py: a codec call's fixed and per-row cost per bucket and length
+#   gputests: test_gpu.py and test_engine_batching.py (and test_codec_runner.py) of the tree TREE
+#   trees:  in process, the sustained mix traced with --gpu-events, one run per tree in TREES
+#           main: host-scalar fix, lag 2. rb: + codec graphs for 3, 6, 12, 24, 48 rows.
+#           al: rb + hand-outs aligned on a shared clock (one codec call for every stream's block).
+#   http:   over HTTP, one server per tree in TREES, traced with --gpu-events: the sustained mix twice, one stream
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 S1_COMMIT=${S1_COMMIT:?set S1_COMMIT to the commit under test}
+nvidia-smi --query-gpu=name --format=csv,noheader; date -u
+R=/tmp/s40; mkdir -p $R
+ROOT=$PWD
+dir_of() { case $1 in main) echo $ROOT ;; *) echo $ROOT/.$1 ;; esac; }
+pack() { tar -czf $OUT/s40-${PARTS// /-}.tar.gz -C /tmp s40; }
+for PART in ${PARTS:?name the parts}; do
+  echo "== $PART $(date -u +%T)"
+  case $PART in
+  tests)
+    S1_FIXTURES_DIR=$ROOT/tests/fixtures timeout 300 python -m pytest -q -m gpu -p no:cacheprovider tests/test_trace_worker.py \
+      "tests/test_gpu.py::test_the_decode_loop_and_codec_never_wait_for_the_gpu_outside_their_read_backs" 2>&1 | tail -15 ;;
+  codec)
+    PYTHONPATH=/tmp/site:. timeout 240 python scripts/profile_codec_calls.py --weights random \
+      --row-buckets 1,2,3,4,6,8,12,16,24,32,48,64 --json $R/codec-calls.json 2>&1 | grep -v Warn ;;
+  gputests)
+    (cd $(dir_of ${TREE:-main}) && S1_FIXTURES_DIR=$ROOT/tests/fixtures PYTHONPATH=/tmp/site:. timeout 500 python -m pytest -q \
+      -p no:cacheprovider -m gpu tests/test_gpu.py tests/test_engine_batching.py tests/test_codec_runner.py 2>&1 | tail -6) ;;
+  trees)
+    n=0
+    for tree in ${TREES:-main rb al}; do
+      n=$((n + 1))
+      (cd $(dir_of $tree) && PYTHONPATH=/tmp/site:. timeout 200 python scripts/trace_worker.py --gpu-events --out $R/trace-$n-$tree.json \
+        scripts/load_test.py --in-process --weights random --levels 64 --requests-per-client 8 --distinct-clips 21 \
+        --json $R/inproc-$n-$tree.json 2>&1 | grep -E "streams:|Error|error" | sed "s/^/$tree: /")
+      # the level's stretch: from 1.5 s after its first request (the 512th submission from the end) to its last
+      window=$(python -c "import json,sys; t=sorted(s[2] for s in json.load(open(sys.argv[1])) if s[0]=='job_submit'); print(t[-512]+1.5, t[-1])" $R/trace-$n-$tree.json)
+      PYTHONPATH=/tmp/site:. python scripts/trace_worker.py --summary $R/trace-$n-$tree.json --window $window \
+        | grep -E "GPU with work|gpu_step|gpu_codec|batched steps|codec calls|^retire |steps/s|between" | sed "s/^/$tree: /"
+      gzip -f $R/trace-$n-$tree.json
+      pack
+    done ;;
+  http)
+    # one server per tree in TREES: the sustained mix twice (64 clients x 8), then one stream's first audio
+    for tree in ${TREES:-main}; do
+    (cd $(dir_of $tree)
+    export PYTHONPATH=/tmp/site:.
+    python scripts/trace_worker.py --gpu-events --out $R/trace-http-$tree.json launch.py --random-weights --no-ui > $R/server-$tree.txt 2>&1 &
+    PID=$!
+    until curl -sf http://127.0.0.1:7860/ready > /dev/null; do kill -0 $PID 2>/dev/null || exit 1; sleep 1; done
+    lt() { timeout 150 python scripts/load_test.py "$@" 2>&1 | grep -E "streams:" | sed "s/^/$tree: /"; }
+    lt --levels 64,64 --requests-per-client 8 --distinct-clips 21 --json $R/http-sustained8-$tree.json
+    lt --levels 1 --requests-per-client 20 --json $R/http-one-$tree.json
+    kill -INT $PID; wait $PID
+    echo "$tree tracebacks: $(grep -c Traceback $R/server-$tree.txt)"
+    gzip -f $R/trace-http-$tree.json $R/server-$tree.txt)
+    pack
+    done ;;
+  esac
+  pack
+done
+date -u
