@@ -63,6 +63,11 @@ class EngineConfig:
     # Steps the GPU worker launches after a step before it reads that step's frame counts: the
     # steps queued ahead of the GPU while the host hands out frames (engine/runtime/scheduler.py).
     read_back_lag: int = 2
+    # Admission while sequences run (engine/runtime/scheduler.py): steps a new arrival waits for
+    # others to share its prefill call (ADMIT_GATHER_STEPS), and the audio, in seconds, every new
+    # listener must have ahead before more requests are admitted (ADMIT_MIN_LEAD_S); 0 turns either off.
+    admit_gather_steps: int = 4
+    admit_min_lead_s: float = 0.25
 
     def __post_init__(self):
         _one_of("device", self.device.split(":")[0], DEVICES)
@@ -84,6 +89,9 @@ class EngineConfig:
             raise InputError("max_reference_seconds must be positive")
         if self.read_back_lag < 1:
             raise InputError(f"read_back_lag must be at least 1, got {self.read_back_lag}")
+        if self.admit_gather_steps < 0 or self.admit_min_lead_s < 0:
+            raise InputError(f"admit_gather_steps and admit_min_lead_s must be >= 0 (0 = off), got "
+                             f"{self.admit_gather_steps} and {self.admit_min_lead_s}")
         if self.switch_interval_ms < 0:
             raise InputError(f"switch_interval_ms must be >= 0 (0 = leave it as it is), got {self.switch_interval_ms}")
 

@@ -112,10 +112,10 @@ class ClipEncode:
 class Synthesizer:
     def __init__(self, models: LoadedModels, reference_cache: ReferenceCodeCache, policy: CompilePolicy,
                  exact_sampling: bool, capacity: int, slots: int, prefix_cache_bytes: int, reference_frames: int,
-                 decode_priority: bool = True, read_back_lag: int = 1):
+                 decode_priority: bool = True, **admission):
         """capacity: KV positions per sequence; slots: sequences decoded at once; reference_frames:
-        the longest reference clip, in codec frames; decode_priority: see claim_thread;
-        read_back_lag: see Scheduler."""
+        the longest reference clip, in codec frames; decode_priority: see claim_thread; admission:
+        the Scheduler's read_back_lag, admit_gather_steps and admit_min_lead_s."""
         self.models = models
         self.decode_priority = decode_priority
         self.reference_cache = reference_cache
@@ -130,7 +130,7 @@ class Synthesizer:
             models.model.release_output_()
         self.prefix_cache = PrefixCache(cache, prefix_cache_bytes)
         self.scheduler = Scheduler(self.runner, self.prefix_cache, frame_rate=models.codec.config.frame_rate,
-                                   read_back_lag=read_back_lag)
+                                   **admission)
         if policy.compile:  # CUDA with Triton: the decoder's pointwise work as Triton kernels
             from .model import codec_kernels
 

@@ -314,6 +314,23 @@ def test_arrivals_while_others_run_wait_a_few_steps_to_be_admitted_together(mode
     assert scheduler.running == 4
 
 
+def test_without_gathering_an_arrival_is_admitted_at_the_next_iteration(model, specs):
+    scheduler = scheduler_for(model, 4)
+    scheduler.admit_gather_steps = 0
+    scheduler.submit(specs[0], Collector())
+    scheduler.iteration()
+    scheduler.submit(specs[1], Collector())
+    scheduler.iteration()
+    assert scheduler.running == 2
+
+
+def test_admission_settings_below_zero_are_refused(model):
+    with pytest.raises(ValueError, match="must be >= 0"):
+        Scheduler(scheduler_for(model, 1).runner, admit_gather_steps=-1)
+    with pytest.raises(ValueError, match="must be >= 0"):
+        Scheduler(scheduler_for(model, 1).runner, admit_min_lead_s=-0.5)
+
+
 def iterate(scheduler):
     for h in scheduler.iteration():
         h.owner.take(h.codes, h.first, h.final)
@@ -386,6 +403,13 @@ def test_a_listener_falling_behind_holds_arrivals_back_for_a_bounded_number_of_s
         now[0] += 0.1
 
     assert iterations_to_admit(scheduler, specs[1], Collector(), tick=tick) == ADMIT_MAX_DEFER_STEPS + 1
+
+
+def test_a_min_lead_of_zero_admits_beside_a_short_listener_at_once(model, specs):
+    scheduler, _ = short_lead_scheduler(model)
+    scheduler.admit_min_lead_s = 0
+    first_hand_out(scheduler, specs[0], Collector())
+    assert iterations_to_admit(scheduler, specs[1], Collector()) == 1
 
 
 def test_a_requests_next_text_chunk_neither_waits_for_short_listeners_nor_makes_others_wait(model, specs):

@@ -139,12 +139,19 @@ class _Running:
 
 class Scheduler:
     def __init__(self, runner: StepRunner, prefix_cache: PrefixCache | None = None, max_admit_per_step: int = 16,
-                 frame_rate: float | None = None, clock=time.monotonic, read_back_lag: int = 1):
+                 frame_rate: float | None = None, clock=time.monotonic, read_back_lag: int = 1,
+                 admit_gather_steps: int = ADMIT_GATHER_STEPS, admit_min_lead_s: float = ADMIT_MIN_LEAD_S):
         """frame_rate: frames per second of audio, for the listeners' lead (see ADMIT_MIN_LEAD_S); None
         admits without looking at it. clock: seconds, monotonic. read_back_lag: steps launched after
-        a step before its frame counts are read (see the module's docstring); at least 1."""
+        a step before its frame counts are read (see the module's docstring); at least 1.
+        admit_gather_steps, admit_min_lead_s: see ADMIT_GATHER_STEPS and ADMIT_MIN_LEAD_S (0 turns
+        each off)."""
         if read_back_lag < 1:
             raise ValueError(f"read_back_lag must be at least 1, got {read_back_lag}")
+        if admit_gather_steps < 0 or admit_min_lead_s < 0:
+            raise ValueError(f"admit_gather_steps and admit_min_lead_s must be >= 0, got {admit_gather_steps}"
+                             f" and {admit_min_lead_s}")
+        self.admit_gather_steps, self.admit_min_lead_s = admit_gather_steps, admit_min_lead_s
         self.runner = runner
         self.frame_rate, self.clock = frame_rate, clock
         self.prefix_cache = prefix_cache
@@ -174,7 +181,7 @@ class Scheduler:
         if front:
             self._admit_at = self._steps
         elif not self._waiting:
-            self._admit_at = self._steps + ADMIT_GATHER_STEPS
+            self._admit_at = self._steps + self.admit_gather_steps
         (self._waiting.appendleft if front else self._waiting.append)((spec, owner, front))
 
     @property
@@ -314,11 +321,11 @@ class Scheduler:
 
     def _a_listener_is_short(self) -> bool:
         """Whether a stream in its ramp (handed out, not a request's next chunk) has less than
-        ADMIT_MIN_LEAD_S of audio ahead of its listener."""
-        if self.frame_rate is None:
+        admit_min_lead_s of audio ahead of its listener."""
+        if self.frame_rate is None or not self.admit_min_lead_s:
             return False
         now = self.clock()
-        return any(seq.emitted / self.frame_rate - (now - seq.first_out) < ADMIT_MIN_LEAD_S
+        return any(seq.emitted / self.frame_rate - (now - seq.first_out) < self.admit_min_lead_s
                    for seq in self._running.values()
                    if seq.first_out is not None and not seq.continues and seq.emitted < RAMP_END)
 
