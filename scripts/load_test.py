@@ -337,6 +337,7 @@ def run_against_server(args, levels: list[int]) -> list[dict]:
 
 
 def run_in_process(args, levels: list[int]) -> list[dict]:
+    import gc
     import tempfile
 
     from engine.config import EngineConfig
@@ -349,8 +350,13 @@ def run_in_process(args, levels: list[int]) -> list[dict]:
         try:
             engine.warmup()
             engine.capture_all()  # as the server is measured: once every batch graph is captured
+            # and its start-up heap frozen (launch.freeze_heap_once_captured): otherwise Python's full
+            # collections stop every thread for ~0.4 s within a level (docs/PERFORMANCE.md)
+            gc.collect()
+            gc.freeze()
             return run_levels(EngineTarget(engine), args, levels)
         finally:
+            gc.unfreeze()  # main() may be called by a longer-lived process (the tests)
             engine.close()
 
 

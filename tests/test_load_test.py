@@ -1,5 +1,6 @@
 """scripts/load_test.py against a real demo server: every level completes, the report is written."""
 
+import gc
 import json
 import sys
 from pathlib import Path
@@ -46,9 +47,11 @@ def test_load_test_drives_the_server_and_reports_each_level(tmp_path):
 def test_load_test_in_process_sends_the_same_requests_to_an_engine_here(tmp_path, monkeypatch):
     from engine.facade import TTSEngine
 
-    configs = []
+    configs, frozen = [], []
     from_config = TTSEngine.from_config
     monkeypatch.setattr(TTSEngine, "from_config", lambda config: (configs.append(config), from_config(config))[1])
+    run_levels = load_test.run_levels  # measured with the start-up heap out of the collector's passes, as a server
+    monkeypatch.setattr(load_test, "run_levels", lambda *a: (frozen.append(gc.get_freeze_count()), run_levels(*a))[1])
     out = tmp_path / "in-process.json"
     assert load_test.main(["--in-process", "--weights", "demo", "--cache-dir", str(tmp_path / "cache"),
                            "--levels", "3", "--requests-per-client", "1", "--max-new-tokens", "8",
@@ -56,6 +59,7 @@ def test_load_test_in_process_sends_the_same_requests_to_an_engine_here(tmp_path
                            "--engine-option", "decode_priority=off", "--json", str(out)]) == 0
     (config,) = configs
     assert config.max_batch_size == 2 and config.decode_priority is False
+    assert frozen[0] > 0 and gc.get_freeze_count() == 0  # frozen while measured, not after
     report = json.loads(out.read_text())
     assert report["url"] == "in-process"
     (level,) = report["levels"]
