@@ -14,6 +14,10 @@
 #           main: host-scalar fix, lag 2. rb: + codec graphs for 3, 6, 12, 24, 48 rows.
 #           al: rb + hand-outs aligned on a shared clock (one codec call for every stream's block).
 #   http:   over HTTP, one server per tree in TREES, traced with --gpu-events: the sustained mix twice, one stream
+#   admission (added after session s40's calls, not yet run): over HTTP on main, one server per
+#           admission setting in SETTINGS (GATHER_STEPS:MIN_LEAD_S, default "4:0.25 0:0.25 4:0 0:0 2:0.1";
+#           4:0.25 is the default), each the sustained mix twice. A level first warms the machine:
+#           the first level of a fresh machine was the slowest of session s40's calls.
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 S1_COMMIT=${S1_COMMIT:?set S1_COMMIT to the commit under test}
 nvidia-smi --query-gpu=name --format=csv,noheader; date -u
@@ -62,6 +66,24 @@ for PART in ${PARTS:?name the parts}; do
     echo "$tree tracebacks: $(grep -c Traceback $R/server-$tree.txt)"
     gzip -f $R/trace-http-$tree.json $R/server-$tree.txt)
     pack
+    done ;;
+  admission)
+    export PYTHONPATH=/tmp/site:.
+    for setting in ${SETTINGS:-4:0.25 0:0.25 4:0 0:0 2:0.1}; do
+      tag=g${setting%%:*}-l${setting##*:}
+      S1_MINI_ADMIT_GATHER_STEPS=${setting%%:*} S1_MINI_ADMIT_MIN_LEAD_S=${setting##*:} \
+        python scripts/trace_worker.py --out $R/trace-$tag.json launch.py --random-weights --no-ui > $R/server-$tag.txt 2>&1 &
+      PID=$!
+      until curl -sf http://127.0.0.1:7860/ready > /dev/null; do kill -0 $PID 2>/dev/null || exit 1; sleep 1; done
+      if [ ! -e $R/warmed ]; then
+        timeout 150 python scripts/load_test.py --levels 64 --requests-per-client 4 > /dev/null 2>&1; touch $R/warmed
+      fi
+      timeout 150 python scripts/load_test.py --levels 64,64 --requests-per-client 8 --distinct-clips 21 \
+        --json $R/http-sustained8-$tag.json 2>&1 | grep -E "streams:" | sed "s/^/$tag: /"
+      kill -INT $PID; wait $PID
+      echo "$tag tracebacks: $(grep -c Traceback $R/server-$tag.txt)"
+      gzip -f $R/trace-$tag.json $R/server-$tag.txt
+      pack
     done ;;
   esac
   pack
