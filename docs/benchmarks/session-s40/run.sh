@@ -15,7 +15,7 @@
 #           al: rb + hand-outs aligned on a shared clock (one codec call for every stream's block).
 #   http:   over HTTP, one server per tree in TREES, traced with --gpu-events: the sustained mix twice, one stream
 #   admission (added after session s40's calls, not yet run): over HTTP on main, one server per
-#           admission setting in SETTINGS (GATHER_STEPS:MIN_LEAD_S, default "4:0.25 0:0.25 4:0 0:0 2:0.1";
+#           admission setting in SETTINGS (GATHER_STEPS:MIN_LEAD_S, default "4:0.25 4:0 2:0 0:0";
 #           4:0.25 is the default), each the sustained mix twice. A level first warms the machine:
 #           the first level of a fresh machine was the slowest of session s40's calls.
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
@@ -69,7 +69,7 @@ for PART in ${PARTS:?name the parts}; do
     done ;;
   admission)
     export PYTHONPATH=/tmp/site:.
-    for setting in ${SETTINGS:-4:0.25 0:0.25 4:0 0:0 2:0.1}; do
+    for setting in ${SETTINGS:-4:0.25 4:0 2:0 0:0}; do
       tag=g${setting%%:*}-l${setting##*:}
       S1_MINI_ADMIT_GATHER_STEPS=${setting%%:*} S1_MINI_ADMIT_MIN_LEAD_S=${setting##*:} \
         python scripts/trace_worker.py --out $R/trace-$tag.json launch.py --random-weights --no-ui > $R/server-$tag.txt 2>&1 &
