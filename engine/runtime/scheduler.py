@@ -6,14 +6,14 @@ One `iteration()` (on the GPU worker thread):
   2. admits waiting sequences into free slots: their prompts are prefilled together in one batched
      call (the voice prefix copied from the prefix cache when it is there), and their rows of the
      decode state started; while others run, a new arrival waits a few steps for company
-     (ADMIT_GATHER_STEPS), so that arrivals one by one do not cost a prefill call each; at most as
-     many sequences run as the runner has graphs for (`ready_slots`), and while more are asking
-     than that and larger batch graphs are still to capture, none is admitted: the running ones
-     finish, and the caller captures the graphs the demand needs (`needs_capture`); and while a
-     stream in its first hand-outs (RAMP) has less than ADMIT_MIN_LEAD_S of audio ahead of a
-     listener who began at its first hand-out, new requests wait (up to ADMIT_MAX_DEFER_STEPS
-     steps), since a prefill call and the newcomers' first codec calls hold up every running
-     sequence;
+     (admit_gather_steps, ADMIT_GATHER_STEPS by default), so that arrivals one by one do not cost a
+     prefill call each; at most as many sequences run as the runner has graphs for (`ready_slots`),
+     and while more are asking than that and larger batch graphs are still to capture, none is
+     admitted: the running ones finish, and the caller captures the graphs the demand needs
+     (`needs_capture`); and while a stream in its first hand-outs (RAMP) has less than
+     admit_min_lead_s (ADMIT_MIN_LEAD_S by default) of audio ahead of a listener who began at its
+     first hand-out, new requests wait (up to ADMIT_MAX_DEFER_STEPS steps), since a prefill call
+     and the newcomers' first codec calls hold up every running sequence;
   3. runs one batched decode step for every slot up to the highest one in use (a CUDA-graph
      replay for the batch and kv-length buckets; idle rows inside the bucket stand still);
   4. every so often reads back how many frames each slot has before `<|im_end|>`, and hands out
