@@ -18,6 +18,9 @@
 #           admission setting in SETTINGS (GATHER_STEPS:MIN_LEAD_S, default "4:0.25 4:0 2:0 0:0";
 #           4:0.25 is the default), each the sustained mix twice. A level first warms the machine:
 #           the first level of a fresh machine was the slowest of session s40's calls.
+#   allag (added after session s40's calls, not yet run; carry .al): over HTTP on aligned-blocks, one
+#           server per read-back lag in LAGS (default "3 4"), each the sustained mix twice: its host
+#           work between two read-backs was 22-23 ms p90, more than the two steps queued at lag 2.
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 S1_COMMIT=${S1_COMMIT:?set S1_COMMIT to the commit under test}
 nvidia-smi --query-gpu=name --format=csv,noheader; date -u
@@ -85,6 +88,20 @@ for PART in ${PARTS:?name the parts}; do
       gzip -f $R/trace-$tag.json $R/server-$tag.txt
       pack
     done ;;
+  allag)
+    (cd $(dir_of al)
+    export PYTHONPATH=/tmp/site:.
+    for lag in ${LAGS:-3 4}; do
+      S1_MINI_READ_BACK_LAG=$lag python scripts/trace_worker.py --gpu-events --out $R/trace-al-lag$lag.json launch.py \
+        --random-weights --no-ui > $R/server-al-lag$lag.txt 2>&1 &
+      PID=$!
+      until curl -sf http://127.0.0.1:7860/ready > /dev/null; do kill -0 $PID 2>/dev/null || exit 1; sleep 1; done
+      timeout 150 python scripts/load_test.py --levels 64,64 --requests-per-client 8 --distinct-clips 21 \
+        --json $R/http-sustained8-al-lag$lag.json 2>&1 | grep -E "streams:" | sed "s/^/al lag $lag: /"
+      kill -INT $PID; wait $PID
+      gzip -f $R/trace-al-lag$lag.json $R/server-al-lag$lag.txt
+      pack
+    done) ;;
   esac
   pack
 done
