@@ -5,6 +5,8 @@
 #   for b in "codec-row-buckets .rb" "aligned-blocks .al"; do set -- $b; rm -rf $2 && mkdir $2 && \
 #     git archive $1 engine scripts assets app pytest.ini launch.py \
 #       $(git ls-tree -r --name-only $1 tests | grep '\.py$') | tar -x -C $2; done
+# (prepared after session s40's calls: "held-outputs .ho" and "aligned-held .ah" the same way;
+# TREES="main ho ah" then names them.)
 # Parts:
 #   tests:  the GPU tests written in session s39 after its device time was spent (the decode loop and
 #           codec under torch's sync debug mode; trace_worker's --gpu-events)
@@ -63,6 +65,8 @@ for PART in ${PARTS:?name the parts}; do
     PID=$!
     until curl -sf http://127.0.0.1:7860/ready > /dev/null; do kill -0 $PID 2>/dev/null || exit 1; sleep 1; done
     lt() { timeout 150 python scripts/load_test.py "$@" 2>&1 | grep -E "streams:" | sed "s/^/$tree: /"; }
+    # (added after session s40's calls) a fresh machine's first level was the slowest: one not counted
+    [ -e $R/warmed ] || { lt --levels 64 --requests-per-client 4 | sed "s/^/warm-up, not counted: /"; touch $R/warmed; }
     lt --levels 64,64 --requests-per-client 8 --distinct-clips 21 --json $R/http-sustained8-$tree.json
     lt --levels 1 --requests-per-client 20 --json $R/http-one-$tree.json
     kill -INT $PID; wait $PID
