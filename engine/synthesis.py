@@ -303,6 +303,7 @@ class Synthesizer:
                 h.owner.harvested(h.codes)
             if harvests:
                 self.codec_runner.submit(harvests)
+            completed = self.codec_runner.completed(wait=not self.scheduler.busy)
         except Exception as exc:  # a batched step or decode failed: its sequences fail, the worker lives
             logger.exception("decode step failed; failing the requests in it")
             # Harvested sequences have left the scheduler (finished ones for good): fail them here.
@@ -310,7 +311,7 @@ class Synthesizer:
                 owner.fail(exc)
             self.scheduler.fail_all(exc)
             return self.scheduler.busy or self._voices_pending
-        for item in self.codec_runner.completed(wait=not self.scheduler.busy):
+        for item in completed:
             try:
                 item.owner.deliver(item.audio, item.frames, item.final)
             except Exception as exc:  # e.g. the next chunk's prompt is too long: that request alone fails

@@ -134,6 +134,24 @@ def test_padded_replays_leave_real_streams_alone_and_the_spare_row_bounded(runne
             np.testing.assert_allclose(np.concatenate(pieces[slot]), alone, atol=1e-4 * np.abs(alone).max())
 
 
+def test_a_read_back_that_fails_leaves_every_call_pending_for_discard(runner):
+    """Two calls decoded; reading the second one's audio back fails: nothing is taken off, so the
+    caller's `discard` names every owner (the first's audio, read but never returned, included)."""
+    codes = torch.randint(0, 1024, (10, 8))
+    with torch.inference_mode():
+        runner.submit([Harvest("first", 0, codes, first=True, final=False)])
+        runner.submit([Harvest("second", 1, codes, first=True, final=False)])
+
+    class Unreadable:
+        def numpy(self):
+            raise RuntimeError("read-back broke")
+
+    runner._pending[1].outputs = [(indices, Unreadable()) for indices, _ in runner._pending[1].outputs]
+    with pytest.raises(RuntimeError, match="read-back broke"):
+        runner.completed(wait=True)
+    assert runner.pending and runner.discard() == ["first", "second"]
+
+
 def test_every_tensor_a_graph_reads_is_kept_by_the_runner(runner):
     """A graph reads its inputs by address. One reachable only from the captured body (as the spare
     row's index once was: both codec GPU tests then failed on the H100) is freed after the capture,

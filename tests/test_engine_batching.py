@@ -194,6 +194,37 @@ def test_a_failed_codec_call_fails_its_requests_and_the_engine_carries_on(engine
                for s in range(20))
 
 
+def test_a_codec_call_failing_at_its_read_back_fails_its_requests_and_the_engine_carries_on(engine, monkeypatch):
+    """Reading a decode's audio back can fail too (e.g. a CUDA error surfacing at its event): the
+    requests whose audio it held get the error rather than wait forever."""
+    runner = engine._synthesizer.codec_runner
+    real_completed = runner.completed
+
+    def broken(wait=False):
+        if not runner.pending:
+            return real_completed(wait)
+        monkeypatch.setattr(runner, "completed", real_completed)  # only the first read-back breaks
+        raise RuntimeError("read-back broke")
+
+    monkeypatch.setattr(runner, "completed", broken)
+    outcome = []
+
+    def request():
+        try:
+            engine.synthesize("This one meets the broken read-back.", params=SamplingParams(max_new_tokens=4, seed=3))
+        except Exception as exc:
+            outcome.append(exc)
+
+    caller = threading.Thread(target=request, daemon=True)  # a daemon: a hang fails the test, not the run
+    caller.start()
+    caller.join(timeout=60)
+    assert not caller.is_alive(), "the request never ended"
+    assert len(outcome) == 1 and isinstance(outcome[0], RuntimeError) and "read-back broke" in str(outcome[0])
+    wait_idle(engine)
+    assert any(len(engine.synthesize("After it.", params=SamplingParams(max_new_tokens=4, seed=s)).audio)
+               for s in range(20))
+
+
 def test_step_and_codec_graphs_replaying_at_once_give_the_codec_audio_of_serial_replays(engine):
     """The decode step's graphs and the codec's replay at the same time, on two streams. Each set is
     captured on a stream of its own: a graph keeps the cuBLAS workspace of the stream it was

@@ -194,20 +194,23 @@ class CodecRunner:
     def completed(self, wait: bool = False) -> list[Decoded]:
         """Audio of submitted harvests whose decode has finished, in submission order; wait=True
         blocks for the oldest one if none has finished."""
-        done = []
-        while self._pending:
-            item = self._pending[0]
+        done, finished = [], 0
+        for item in self._pending:
             if item.ready is not None and not item.ready.query():
                 if not (wait and not done):
                     break
                 item.ready.synchronize()
-            self._pending.popleft()
             audio = [np.zeros(0, dtype=np.float32)] * len(item.harvests)
             for indices, host in item.outputs:
                 rows = host.numpy()
                 for row, i in enumerate(indices):
                     audio[i] = rows[row].copy()  # not a view of the reused pinned buffer
             done.extend(Decoded(h.owner, a, h.codes.shape[1], h.final) for h, a in zip(item.harvests, audio))
+            finished += 1
+        # Taken off only now: if anything above raised, every item is still pending, and `discard`
+        # names all their owners for the caller to fail.
+        for _ in range(finished):
+            self._pending.popleft()
         return done
 
     def discard(self) -> list[Any]:
