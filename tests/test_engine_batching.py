@@ -165,6 +165,27 @@ def test_no_slot_or_memory_leak_after_1000_requests_with_cancellations(engine):
         np.testing.assert_allclose(old, new, rtol=0, atol=1e-4)
 
 
+def assert_a_request_fails_with_it_and_the_engine_carries_on(engine, message):
+    """A short request meets the failure the test set up: it ends with that error rather than wait
+    forever, and the engine serves the next ones."""
+    outcome = []
+
+    def request():
+        try:
+            engine.synthesize("This one meets the failure.", params=SamplingParams(max_new_tokens=4, seed=3))
+        except Exception as exc:
+            outcome.append(exc)
+
+    caller = threading.Thread(target=request, daemon=True)  # a daemon: a hang fails the test, not the run
+    caller.start()
+    caller.join(timeout=60)
+    assert not caller.is_alive(), "the request never ended"
+    assert len(outcome) == 1 and isinstance(outcome[0], RuntimeError) and message in str(outcome[0])
+    wait_idle(engine)
+    assert any(len(engine.synthesize("After it.", params=SamplingParams(max_new_tokens=4, seed=s)).audio)
+               for s in range(20))
+
+
 def test_a_failed_codec_call_fails_its_requests_and_the_engine_carries_on(engine, monkeypatch):
     """The failing call holds the request's last frames (budget 4 = the first hand-out): the request
     has already left the scheduler, and must still get the error rather than wait forever."""
@@ -176,22 +197,7 @@ def test_a_failed_codec_call_fails_its_requests_and_the_engine_carries_on(engine
         raise RuntimeError("codec broke")
 
     monkeypatch.setattr(runner, "submit", broken)
-    outcome = []
-
-    def request():
-        try:
-            engine.synthesize("This one meets the broken codec.", params=SamplingParams(max_new_tokens=4, seed=3))
-        except Exception as exc:
-            outcome.append(exc)
-
-    caller = threading.Thread(target=request, daemon=True)  # a daemon: a hang fails the test, not the run
-    caller.start()
-    caller.join(timeout=60)
-    assert not caller.is_alive(), "the request never ended"
-    assert len(outcome) == 1 and isinstance(outcome[0], RuntimeError) and "codec broke" in str(outcome[0])
-    wait_idle(engine)
-    assert any(len(engine.synthesize("After it.", params=SamplingParams(max_new_tokens=4, seed=s)).audio)
-               for s in range(20))
+    assert_a_request_fails_with_it_and_the_engine_carries_on(engine, "codec broke")
 
 
 def test_a_codec_call_failing_at_its_read_back_fails_its_requests_and_the_engine_carries_on(engine, monkeypatch):
@@ -207,22 +213,7 @@ def test_a_codec_call_failing_at_its_read_back_fails_its_requests_and_the_engine
         raise RuntimeError("read-back broke")
 
     monkeypatch.setattr(runner, "completed", broken)
-    outcome = []
-
-    def request():
-        try:
-            engine.synthesize("This one meets the broken read-back.", params=SamplingParams(max_new_tokens=4, seed=3))
-        except Exception as exc:
-            outcome.append(exc)
-
-    caller = threading.Thread(target=request, daemon=True)  # a daemon: a hang fails the test, not the run
-    caller.start()
-    caller.join(timeout=60)
-    assert not caller.is_alive(), "the request never ended"
-    assert len(outcome) == 1 and isinstance(outcome[0], RuntimeError) and "read-back broke" in str(outcome[0])
-    wait_idle(engine)
-    assert any(len(engine.synthesize("After it.", params=SamplingParams(max_new_tokens=4, seed=s)).audio)
-               for s in range(20))
+    assert_a_request_fails_with_it_and_the_engine_carries_on(engine, "read-back broke")
 
 
 def test_step_and_codec_graphs_replaying_at_once_give_the_codec_audio_of_serial_replays(engine):
