@@ -23,10 +23,9 @@ from loguru import logger
 from .compilation import CompilePolicy
 from .errors import InputError
 from .loader import LoadedModels
-from .model.tuned_conv import tune_convs
 from .params import SamplingParams
 from .references import ReferenceCodeCache
-from .runtime.codec_runner import CodecRunner
+from .runtime.codec_runner import CodecRunner, set_up_decoder
 from .runtime.kv_cache import KVCache
 from .runtime.prefix_cache import PrefixCache
 from .runtime.reference_encoder import EncodeHandle, ReferenceEncoder
@@ -131,12 +130,7 @@ class Synthesizer:
         self.prefix_cache = PrefixCache(cache, prefix_cache_bytes)
         self.scheduler = Scheduler(self.runner, self.prefix_cache, frame_rate=models.codec.config.frame_rate,
                                    **admission)
-        if policy.compile:  # CUDA with Triton: the decoder's pointwise work as Triton kernels
-            from .model import codec_kernels
-
-            codec_kernels.use_in(models.codec.decoder)
-        if policy.cuda_graphs:
-            tune_convs(models.codec.decoder)  # timed while the codec runner captures
+        set_up_decoder(models.codec.decoder, policy)
         self.codec_runner = CodecRunner(models.codec, slots, self.capacity)
         self.reference_encoder = ReferenceEncoder(models.codec, REFERENCE_CHUNK_FRAMES,
                                                   min(reference_frames, GRAPHED_REFERENCE_FRAMES))

@@ -35,10 +35,22 @@ from loguru import logger
 
 from ..model.codec import ModdedDAC
 from ..model.codec_stream import Rows, StreamingDecoder
-from ..model.tuned_conv import tuning
+from ..model.tuned_conv import tune_convs, tuning
 from .cuda_graphs import capture
 from .scheduler import BLOCK, BLOCK_SIZES, Harvest
 from .step_runner import bucket_for
+
+def set_up_decoder(decoder, policy) -> None:
+    """Make the codec's decoder the one the engine's graphs replay: its pointwise work as Triton
+    kernels when the policy compiles (CUDA with Triton), its convolutions tuned per shape when it
+    uses CUDA graphs (timed while a CodecRunner captures)."""
+    if policy.compile:
+        from ..model import codec_kernels
+
+        codec_kernels.use_in(decoder)
+    if policy.cuda_graphs:
+        tune_convs(decoder)
+
 
 # Row buckets: these sizes times the powers of two (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, ...).
 ROW_BUCKET_STEPS = (2, 3)
