@@ -1,5 +1,6 @@
-# Session s40's device calls: session s39's next-run.sh, with several parts per call (PARTS) and the
-# results packed after every run, so that a call cut short still brings back what it finished.
+# Session s41's device calls (session s40's run.sh, moved here; results in /tmp/s41): several parts per
+# call (PARTS), the results packed after every run, so that a call cut short still brings back what it
+# finished.
 # Set S1_COMMIT by hand (the device's copy of the repository has a stale HEAD). Trees, each in a
 # folder .git/info/exclude ignores (branches rebased on main c32d2e3):
 #   for b in "codec-row-buckets .rb" "aligned-blocks .al"; do set -- $b; rm -rf $2 && mkdir $2 && \
@@ -26,10 +27,10 @@
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 S1_COMMIT=${S1_COMMIT:?set S1_COMMIT to the commit under test}
 nvidia-smi --query-gpu=name --format=csv,noheader; date -u
-R=/tmp/s40; mkdir -p $R
+R=/tmp/s41; mkdir -p $R
 ROOT=$PWD
 dir_of() { case $1 in main) echo $ROOT ;; *) echo $ROOT/.$1 ;; esac; }
-pack() { tar -czf $OUT/s40-${PARTS// /-}.tar.gz -C /tmp s40; }
+pack() { tar -czf $OUT/s41-${PARTS// /-}.tar.gz -C /tmp s41; }
 for PART in ${PARTS:?name the parts}; do
   echo "== $PART $(date -u +%T)"
   case $PART in
