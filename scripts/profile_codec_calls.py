@@ -64,7 +64,8 @@ def main(argv=None) -> int:
 
     calls = []
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    with torch.cuda.stream(runner.stream):
+    # Inference mode as the engine's own calls: the graphs' inputs are inference tensors.
+    with torch.inference_mode(), torch.cuda.stream(runner.stream):
         for (bucket, frames), entry in sorted(runner._graphs.items()):
             # Distinct streams, as a real call's, each from its start: 21 replays stay within the
             # RoPE table the runner reserved.
