@@ -20,15 +20,21 @@ from engine.text.splitter import split_text
 from engine.synthesis import RequestRun
 
 
-@pytest.fixture(scope="module", params=["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.fixture(scope="module", params=["cpu", pytest.param("cuda", marks=pytest.mark.gpu),
+                                        pytest.param("cuda-codec-sm-share", marks=pytest.mark.gpu)])
 def engine(request, tmp_path_factory):
+    """cuda-codec-sm-share: the codec on half of the SMs (a green context: engine/runtime/sm_share.py)."""
     root = tmp_path_factory.mktemp("batching")
+    share = 0.5 if request.param == "cuda-codec-sm-share" else 0.0
     # fp32 on the GPU too: in bf16 the batch-1 graph's single-row kernels and the GEMMs of larger
     # batches round differently, and a seeded request's codes can part ways after some frames
     # (measured on the H100: the multi-chunk test below, in bf16, from the fourth frame of one request).
-    engine = TTSEngine.from_config(EngineConfig(demo=True, device=request.param, precision="fp32", max_batch_size=8,
-                                                max_queue=64, cache_dir=str(root / "cache"),
-                                                voices_dir=str(root / "voices")))
+    engine = TTSEngine.from_config(EngineConfig(demo=True, device=request.param.split("-")[0], precision="fp32",
+                                                max_batch_size=8, max_queue=64, cache_dir=str(root / "cache"),
+                                                voices_dir=str(root / "voices"), codec_sm_share=share))
+    if share and engine._synthesizer._codec_stream.sms is None:
+        engine.close()
+        pytest.skip("no green contexts with this torch or driver (the log says why)")
     engine.warmup()
     engine.capture_all()  # on CUDA: every batch's graphs, before the leak test measures memory
     yield engine
@@ -230,17 +236,21 @@ def test_step_and_codec_graphs_replaying_at_once_give_the_codec_audio_of_serial_
     step = runner._graphs[(max(runner.batch_buckets), max(runner.kv_buckets))]
     chunk = codec._graphs[(max(codec.row_buckets), max(n for _, n in codec._graphs))]
 
+    def settle():
+        codec.stream.synchronize()  # not covered by the device's synchronize on a green context (sm_share.py)
+        torch.cuda.synchronize()
+
     def replay(concurrently: bool) -> torch.Tensor:
         codec.decoder.reset()
-        torch.cuda.synchronize()
+        settle()
         for _ in range(5):
             codec.stream.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(codec.stream):
                 chunk.graph.replay()
             if not concurrently:
-                torch.cuda.synchronize()
+                settle()
             step.replay()
-        torch.cuda.synchronize()
+        settle()
         return chunk.audio.clone()
 
     def compare():

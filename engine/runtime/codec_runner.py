@@ -90,14 +90,15 @@ class _Graph:
 
 
 class CodecRunner:
-    def __init__(self, codec: ModdedDAC, rows: int, max_frames: int):
+    def __init__(self, codec: ModdedDAC, rows: int, max_frames: int, stream: torch.cuda.Stream | None = None):
+        """stream (CUDA): where the codec's calls run and its graphs are captured (default: a new one)."""
         self.rows = rows
         self.decoder = StreamingDecoder(codec, batch=rows + 1)  # row `rows` is the spare one
         self.decoder.reserve(max_frames + BLOCK)
         self.num_codebooks = codec.config.num_codebooks
         device = next(codec.parameters()).device
         self.device = device
-        self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+        self.stream = (stream or torch.cuda.Stream(device)) if device.type == "cuda" else None
         self._pending: deque[_Pending] = deque()
         self._graphs: dict[tuple[int, int], _Graph] = {}
         self._pool = None  # every codec graph shares one memory pool
@@ -121,6 +122,7 @@ class CodecRunner:
                         self._capture(bucket, n)
         self.decoder.reset()
         if self.stream is not None:
+            self.stream.synchronize()  # a green context's stream (sm_share.py) is not the device's to wait for
             torch.cuda.synchronize()
         seconds = time.perf_counter() - started
         logger.info("captured {} codec CUDA graphs in {:.1f} s", len(self._graphs) - captured, seconds)

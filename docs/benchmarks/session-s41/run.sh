@@ -24,6 +24,12 @@
 #   allag (added after session s40's calls, not yet run; carry .al): over HTTP on aligned-blocks, one
 #           server per read-back lag in LAGS (default "3 4"), each the sustained mix twice: its host
 #           work between two read-backs was 22-23 ms p90, more than the two steps queued at lag 2.
+#   green (session s41; carry .gc, branch green-codec): whether the device's synchronize waits for a
+#           green context's stream (green_sync_probe.py), then the GPU tests comparing the codec's audio
+#           with the codec on half of the SMs against serial replays and a lone decoder
+#   share (session s41; carry .gc): over HTTP, one server per EngineConfig.codec_sm_share in SHARES
+#           (default "0.5 0") on the tree TREE (default gc), the sustained mix twice and one stream
+# Every server part runs `serve` below (the http, admission and allag parts as before, with one function).
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 S1_COMMIT=${S1_COMMIT:?set S1_COMMIT to the commit under test}
 nvidia-smi --query-gpu=name --format=csv,noheader; date -u
@@ -31,6 +37,26 @@ R=/tmp/s41; mkdir -p $R
 ROOT=$PWD
 dir_of() { case $1 in main) echo $ROOT ;; *) echo $ROOT/.$1 ;; esac; }
 pack() { tar -czf $OUT/s41-${PARTS// /-}.tar.gz -C /tmp s41; }
+# serve TAG [--gpu-events] [one]: a server of the tree in the current directory, with the settings in
+# the environment, under trace_worker; a warm-up level on a fresh machine (its first level was the slowest of
+# session s40's calls; not counted), the sustained mix twice (64 clients x 8), with "one" one stream's
+# first audio; then its tracebacks counted and everything packed.
+serve() {
+  local tag=$1 events=$2 one=$3
+  [ "$events" = one ] && { events=; one=one; }
+  PYTHONPATH=/tmp/site:. python scripts/trace_worker.py $events --out $R/trace-$tag.json launch.py --random-weights --no-ui \
+    > $R/server-$tag.txt 2>&1 &
+  local pid=$!
+  until curl -sf http://127.0.0.1:7860/ready > /dev/null; do kill -0 $pid 2>/dev/null || return 1; sleep 1; done
+  lt() { PYTHONPATH=/tmp/site:. timeout 150 python scripts/load_test.py "$@" 2>&1 | grep -E "streams:" | sed "s/^/$tag: /"; }
+  [ -e $R/warmed ] || { lt --levels 64 --requests-per-client 4 | sed "s/^/warm-up, not counted: /"; touch $R/warmed; }
+  lt --levels 64,64 --requests-per-client 8 --distinct-clips 21 --json $R/http-sustained8-$tag.json
+  [ -n "$one" ] && lt --levels 1 --requests-per-client 20 --json $R/http-one-$tag.json
+  kill -INT $pid; wait $pid
+  echo "$tag tracebacks: $(grep -c Traceback $R/server-$tag.txt)"
+  gzip -f $R/trace-$tag.json $R/server-$tag.txt
+  pack
+}
 for PART in ${PARTS:?name the parts}; do
   echo "== $PART $(date -u +%T)"
   case $PART in
@@ -60,53 +86,28 @@ for PART in ${PARTS:?name the parts}; do
   http)
     # one server per tree in TREES: the sustained mix twice (64 clients x 8), then one stream's first audio
     for tree in ${TREES:-main}; do
-    (cd $(dir_of $tree)
-    export PYTHONPATH=/tmp/site:.
-    python scripts/trace_worker.py --gpu-events --out $R/trace-http-$tree.json launch.py --random-weights --no-ui > $R/server-$tree.txt 2>&1 &
-    PID=$!
-    until curl -sf http://127.0.0.1:7860/ready > /dev/null; do kill -0 $PID 2>/dev/null || exit 1; sleep 1; done
-    lt() { timeout 150 python scripts/load_test.py "$@" 2>&1 | grep -E "streams:" | sed "s/^/$tree: /"; }
-    # (added after session s40's calls) a fresh machine's first level was the slowest: one not counted
-    [ -e $R/warmed ] || { lt --levels 64 --requests-per-client 4 | sed "s/^/warm-up, not counted: /"; touch $R/warmed; }
-    lt --levels 64,64 --requests-per-client 8 --distinct-clips 21 --json $R/http-sustained8-$tree.json
-    lt --levels 1 --requests-per-client 20 --json $R/http-one-$tree.json
-    kill -INT $PID; wait $PID
-    echo "$tree tracebacks: $(grep -c Traceback $R/server-$tree.txt)"
-    gzip -f $R/trace-http-$tree.json $R/server-$tree.txt)
-    pack
+      (cd $(dir_of $tree) && serve $tree --gpu-events one)
     done ;;
   admission)
-    export PYTHONPATH=/tmp/site:.
     for setting in ${SETTINGS:-4:0.25 4:0 2:0 0:0}; do
-      tag=g${setting%%:*}-l${setting##*:}
-      S1_MINI_ADMIT_GATHER_STEPS=${setting%%:*} S1_MINI_ADMIT_MIN_LEAD_S=${setting##*:} \
-        python scripts/trace_worker.py --out $R/trace-$tag.json launch.py --random-weights --no-ui > $R/server-$tag.txt 2>&1 &
-      PID=$!
-      until curl -sf http://127.0.0.1:7860/ready > /dev/null; do kill -0 $PID 2>/dev/null || exit 1; sleep 1; done
-      if [ ! -e $R/warmed ]; then
-        timeout 150 python scripts/load_test.py --levels 64 --requests-per-client 4 > /dev/null 2>&1; touch $R/warmed
-      fi
-      timeout 150 python scripts/load_test.py --levels 64,64 --requests-per-client 8 --distinct-clips 21 \
-        --json $R/http-sustained8-$tag.json 2>&1 | grep -E "streams:" | sed "s/^/$tag: /"
-      kill -INT $PID; wait $PID
-      echo "$tag tracebacks: $(grep -c Traceback $R/server-$tag.txt)"
-      gzip -f $R/trace-$tag.json $R/server-$tag.txt
-      pack
+      S1_MINI_ADMIT_GATHER_STEPS=${setting%%:*} S1_MINI_ADMIT_MIN_LEAD_S=${setting##*:} serve g${setting%%:*}-l${setting##*:}
     done ;;
   allag)
-    (cd $(dir_of al)
-    export PYTHONPATH=/tmp/site:.
     for lag in ${LAGS:-3 4}; do
-      S1_MINI_READ_BACK_LAG=$lag python scripts/trace_worker.py --gpu-events --out $R/trace-al-lag$lag.json launch.py \
-        --random-weights --no-ui > $R/server-al-lag$lag.txt 2>&1 &
-      PID=$!
-      until curl -sf http://127.0.0.1:7860/ready > /dev/null; do kill -0 $PID 2>/dev/null || exit 1; sleep 1; done
-      timeout 150 python scripts/load_test.py --levels 64,64 --requests-per-client 8 --distinct-clips 21 \
-        --json $R/http-sustained8-al-lag$lag.json 2>&1 | grep -E "streams:" | sed "s/^/al lag $lag: /"
-      kill -INT $PID; wait $PID
-      gzip -f $R/trace-al-lag$lag.json $R/server-al-lag$lag.txt
-      pack
-    done) ;;
+      (cd $(dir_of al) && S1_MINI_READ_BACK_LAG=$lag serve al-lag$lag --gpu-events)
+    done ;;
+  green)
+    # (session s41) the codec on a green context (branch green-codec, tree .gc): does the device's
+    # synchronize wait for a green stream's work, then the GPU tests that compare its audio
+    (cd $(dir_of gc) && PYTHONPATH=/tmp/site:. timeout 60 python $ROOT/docs/benchmarks/session-s41/green_sync_probe.py \
+      | tee $R/green-sync-probe.json
+     S1_FIXTURES_DIR=$ROOT/tests/fixtures PYTHONPATH=/tmp/site:. timeout 300 python -m pytest -q -p no:cacheprovider -m gpu \
+      tests/test_gpu.py -k "graphed_batched_codec or replaying_at_once" tests/test_engine_batching.py 2>&1 | tail -8) ;;
+  share)
+    # over HTTP on the tree TREE (default gc), one server per codec SM share in SHARES (default "0.5 0")
+    for share in ${SHARES:-0.5 0}; do
+      (cd $(dir_of ${TREE:-gc}) && S1_MINI_CODEC_SM_SHARE=$share serve share$share --gpu-events one)
+    done ;;
   esac
   pack
 done

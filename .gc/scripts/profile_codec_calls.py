@@ -1,0 +1,95 @@
+#!/usr/bin/env python
+"""What one codec call costs on the GPU, per row bucket and chunk length: the engine's own codec
+graphs (CodecRunner, its kernels and tuned convolutions), each replayed alone.
+
+    python scripts/profile_codec_calls.py --weights random [--rows 64] [--row-buckets 1,2,3,4,6,8,...] [--json out.json]
+
+For each chunk length the script fits ms = fixed + per_row * bucket over the buckets: `fixed` is
+what every call costs whatever its rows (the decoder's ~1,500 kernels launched one after another),
+`per_row` what each row adds, padding rows included. Those two numbers say when fewer, fuller calls
+or finer buckets pay (docs/PERFORMANCE.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from weight_options import add_weight_options, parse_with_weights, weight_config  # noqa: E402  (this script's folder)
+
+REPLAYS = 20
+
+
+def fit_fixed_and_per_row(points: list[tuple[int, float]]) -> tuple[float, float]:
+    """Least squares ms = fixed + per_row * rows over (rows, ms) points; (ms, 0) for one bucket."""
+    if len({rows for rows, _ in points}) < 2:
+        return sum(ms for _, ms in points) / len(points), 0.0
+    n = len(points)
+    mean_r = sum(r for r, _ in points) / n
+    mean_t = sum(t for _, t in points) / n
+    per_row = sum((r - mean_r) * (t - mean_t) for r, t in points) / sum((r - mean_r) ** 2 for r, _ in points)
+    return mean_t - per_row * mean_r, per_row
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_weight_options(p)
+    p.add_argument("--rows", type=int, default=64, help="streams the runner holds (the engine's slots)")
+    p.add_argument("--row-buckets", help="comma-separated row buckets to capture instead of the runner's own")
+    p.add_argument("--json", type=Path)
+    args = parse_with_weights(p, argv)
+
+    import torch
+
+    if not torch.cuda.is_available():
+        p.error("needs a CUDA GPU: the codec's calls are timed as the CUDA graphs the engine replays")
+    from engine import compilation
+    from engine.config import EngineConfig
+    from engine.loader import load_models
+    from engine.runtime.codec_runner import CodecRunner, set_up_decoder
+    from engine.runtime.scheduler import BLOCK_SIZES
+
+    models = load_models(EngineConfig(**weight_config(args.weights, args.checkpoint), device="cuda"))
+    set_up_decoder(models.codec.decoder, compilation.decide("on", torch.device("cuda")))  # as the Synthesizer
+    runner = CodecRunner(models.codec, args.rows, max_frames=1024)
+    if args.row_buckets:
+        runner.row_buckets = sorted({int(b) for b in args.row_buckets.split(",")})
+        if runner.row_buckets[-1] > args.rows or runner.row_buckets[0] < 1:
+            p.error(f"--row-buckets must lie in 1..{args.rows}")
+    runner.prepare()
+
+    calls = []
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    # Inference mode as the engine's own calls: the graphs' inputs are inference tensors.
+    with torch.inference_mode(), torch.cuda.stream(runner.stream):
+        for (bucket, frames), entry in sorted(runner._graphs.items()):
+            # Distinct streams, as a real call's, each from its start: 21 replays stay within the
+            # RoPE table the runner reserved.
+            runner.decoder.reset()
+            entry.index.copy_(torch.arange(bucket, device=entry.index.device))
+            entry.graph.replay()  # warm
+            start.record()
+            for _ in range(REPLAYS):
+                entry.graph.replay()
+            end.record()
+            end.synchronize()
+            ms = start.elapsed_time(end) / REPLAYS
+            calls.append({"rows": bucket, "frames": frames, "ms": ms, "us_per_row_frame": 1000 * ms / (bucket * frames)})
+            print(f"{bucket:3d} rows x {frames:2d} frames: {ms:7.2f} ms ({calls[-1]['us_per_row_frame']:.1f} us a row-frame)")
+    fits = {}
+    for frames in BLOCK_SIZES:
+        fixed, per_row = fit_fixed_and_per_row([(c["rows"], c["ms"]) for c in calls if c["frames"] == frames])
+        fits[frames] = {"fixed_ms": fixed, "per_row_ms": per_row}
+        print(f"{frames:2d} frames: {fixed:.2f} ms a call + {per_row:.3f} ms a row")
+    if args.json:
+        args.json.write_text(json.dumps({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+                                         "rows": args.rows, "calls": calls, "fits": fits}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,153 @@
+"""scripts/benchmark.py end to end on the tiny demo model (CPU): every stable JSON name is filled and
+the HTML report has its plots. A check of the script, not a benchmark: timings are not asserted."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_benchmark_reports_every_stable_name_with_a_side_by_side_configuration(tmp_path):
+    out, html = tmp_path / "bench.json", tmp_path / "bench.html"
+    run = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "benchmark.py"), "--weights", "demo", "--device", "cpu",
+         "--runs", "1", "--requests", "1", "--frames", "8", "--request-frames", "8", "--concurrency", "1,2",
+         "--sweep-requests", "1", "--compare", "max_batch_size=2", "--json", str(out), "--html", str(html)],
+        capture_output=True, text=True, timeout=600, cwd=ROOT,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    report = json.loads(out.read_text())
+    for key in ("device", "torch", "commit"):
+        assert report[key]
+    single = report["single_stream"]
+    assert single["frames_per_s"] > 0 and single["frames"] == 8
+    assert 0 < single["ttfa_ms_p50"] <= single["ttfa_ms_p95"] and single["ttfa_clone_ms_p50"] > 0
+    assert set(report["memory"]) >= {"after_load_gb", "peak_gb"}  # None on a CPU: no device allocator
+    assert report["startup"]["cold_compile_s"] >= 0 and report["startup"]["warm_restart_s"] > 0
+    assert report["startup"]["cold_torch_compile_s"] == {}  # the demo on a CPU runs eager: nothing compiled
+    assert set(report["latency_ms"]) == {"short_text", "voice_clone_10s"}
+    assert [c["name"] for c in report["configurations"]] == ["base", "max_batch_size=2"]
+    for config in report["configurations"]:
+        levels = config["concurrency"]
+        assert [lv["streams"] for lv in levels] == [1, 2]
+        for lv in levels:
+            assert lv["errors"] == 0 and lv["audio_s_per_s"] > 0
+            assert lv["ttfa_ms_p50"] <= lv["ttfa_ms_p95"] and lv["rtf_p50"] <= lv["rtf_max"]
+    assert "<img" in html.read_text()
+
+
+def test_a_checkpoint_means_real_weights_and_never_goes_silently_unused():
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import benchmark  # noqa: E402
+
+    assert benchmark.parse_args([]).weights == "random"
+    args = benchmark.parse_args(["--checkpoint", "checkpoints/openaudio-s1-mini"])
+    assert args.weights == "real" and args.checkpoint == "checkpoints/openaudio-s1-mini"
+    for weights in ("random", "demo"):
+        with pytest.raises(SystemExit):
+            benchmark.parse_args(["--weights", weights, "--checkpoint", "somewhere"])
+
+
+def test_each_configuration_is_measured_with_its_own_settings_only():
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import benchmark  # noqa: E402
+
+    argv = ["--checkpoint", "ck", "--quantize=int8", "--runs", "2", "--compare", "weights=random", "--json", "o.json"]
+    assert benchmark._without_options(argv, ("--checkpoint", "--quantize", "--compare", "--json")) == ["--runs", "2"]
+
+
+def test_profile_encode_times_the_reference_encoder_and_writes_its_json(tmp_path):
+    out = tmp_path / "encode.json"
+    run = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "profile_encode.py"), "--weights", "demo", "--device", "cpu",
+         "--seconds", "1", "--chunks", "4,8", "--repeats", "1", "--json", str(out)],
+        capture_output=True, text=True, timeout=300, cwd=ROOT,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    rows = json.loads(out.read_text())["results"]
+    assert [(r["chunk_frames"], r["graphed"]) for r in rows] == [(4, False), (8, False)]  # no graphs on the CPU
+    assert all(r["ms_per_clip"] > 0 for r in rows)
+
+
+def test_profile_step_sets_the_inductor_config_it_is_given(monkeypatch):
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import torch._inductor.config as config
+    from profile_step import set_inductor_config
+
+    monkeypatch.setattr(config.triton, "enable_pdl", False)
+    monkeypatch.setattr(config, "combo_kernels", False)
+    set_inductor_config("triton.enable_pdl=True")
+    set_inductor_config("combo_kernels=True")
+    assert config.triton.enable_pdl is True and config.combo_kernels is True
+    with pytest.raises(SystemExit, match="no triton.no_such_setting"):
+        set_inductor_config("triton.no_such_setting=1")
+    with pytest.raises(SystemExit, match="no no_such_group.setting"):
+        set_inductor_config("no_such_group.setting=1")
+    with pytest.raises(SystemExit, match="KEY=VALUE"):
+        set_inductor_config("combo_kernels")
+
+
+def test_profile_first_requests_times_each_phase_of_each_request(tmp_path):
+    out = tmp_path / "first.json"
+    run = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "profile_first_requests.py"), "--weights", "demo", "--device", "cpu",
+         "--requests", "3", "--max-new-tokens", "8", "--cache-dir", str(tmp_path / "cache"), "--profile-text-prefill",
+         "--json", str(out)],
+        capture_output=True, text=True, timeout=300, cwd=ROOT,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    requests = json.loads(out.read_text())["requests"]
+    assert [r["kind"] for r in requests] == ["saved_voice", "inline_clip", "no_voice"]
+    phases = [[name for name, _ in r["phases_ms"]] for r in requests]
+    # A voice is encoded (a fresh cache dir), its prefix prefilled and stored, then the text prefilled.
+    assert phases[0] == ["encode_reference", "get", "prefill", "store", "prefill"]
+    assert phases[1] == ["encode_reference", "get", "prefill", "store", "prefill"]
+    assert phases[2] == ["prefill"]
+    assert run.stdout.count("Self CPU time total") == 1  # the first prefill after a prefix, profiled once
+
+
+def test_the_start_up_reports_the_stages_of_torch_compile():
+    import torch
+
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import benchmark  # noqa: E402
+
+    torch._dynamo.reset()
+    torch.compile(lambda x: (x.sin() * 2).sum())(torch.randn(8))
+    stages = benchmark.torch_compile_stages()
+    assert set(stages) <= set(benchmark.COMPILE_STAGES.values()) and stages["all"] > 0
+    assert all(0 <= seconds <= stages["all"] for seconds in stages.values())
+
+
+def test_the_reported_commit_says_when_the_tree_differs_from_it(tmp_path, monkeypatch):
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        import benchmark
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
+    monkeypatch.delenv("S1_COMMIT", raising=False)
+    for name in ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE"):  # as a git hook would set them
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path.parent))  # no repository above tmp_path either
+    assert benchmark.project_commit(tmp_path) == "unknown"  # no repository here
+
+    def git(*args):
+        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false", *args],
+                       cwd=tmp_path, check=True, capture_output=True)
+
+    git("init", "-q")
+    (tmp_path / "a.txt").write_text("one\n")
+    git("add", "a.txt")
+    git("commit", "-qm", "one")
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=tmp_path, capture_output=True,
+                          text=True).stdout.strip()
+    (tmp_path / "new.txt").write_text("untracked files do not count\n")
+    assert benchmark.project_commit(tmp_path) == head
+    (tmp_path / "a.txt").write_text("two\n")
+    assert benchmark.project_commit(tmp_path) == head + "+modified"
+    monkeypatch.setenv("S1_COMMIT", "abc1234")
+    assert benchmark.project_commit(tmp_path) == "abc1234"

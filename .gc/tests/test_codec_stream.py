@@ -1,0 +1,580 @@
+"""Streaming codec decode (engine/model/codec_stream.py) against whole-utterance ModdedDAC.decode.
+
+Tolerances. fp32 streaming differs from fp32 whole decode only by rounding (different conv lengths pick
+different kernels and sum orders), but this decoder amplifies rounding: on the fixture codec a whole
+fp32 decode is itself ~6e-5 (max abs, audio peak ~1) away from a float64 decode. So besides an absolute
+bound, the fp32 tests check that streaming is no further from the float64 decode than whole fp32 is, and
+one test streams in float64, where only the codec's own fp32 islands (RoPE, RMSNorm) round.
+"""
+
+import copy
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+
+from engine.model.codec import load_codec, random_codec
+from engine.model.codec_config import CodecConfig
+from engine.model.codec_stream import StreamingDecoder, StreamingEncoder, decode_chunked, encode_chunked
+from engine.runtime.cuda_graphs import capture
+
+T = 120  # frames: longer than every window and receptive field of the test codecs
+FP32_ATOL = 1e-4  # stream vs whole, fp32 (measured <= 8e-5 on the fixture codec, <= 3.2e-5 random)
+AUDIO_ATOL = 2e-4  # fixtures README: decoded audio vs the reference
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    # The per-chunk ops are tiny: on a loaded CPU, waking OpenMP threads costs 50x the work itself.
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def random_codes(config: CodecConfig, batch: int, frames: int, seed: int = 0) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    sizes = [config.semantic_codebook_size] + [config.residual_codebook_size] * config.n_residual_codebooks
+    return torch.stack([torch.randint(0, n, (batch, frames), generator=gen) for n in sizes], dim=1)
+
+
+def max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    assert a.shape == b.shape and a.dtype == b.dtype == torch.float32, (a.shape, b.shape, a.dtype, b.dtype)
+    return (a - b).abs().max().item()
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a - b).norm() / b.norm()).item()
+
+
+@pytest.fixture(scope="module")
+def wider_config(codec_dir) -> CodecConfig:
+    """The fixture codec's config with a longer transformer window (24), grouped-query attention and
+    a 512-row table."""
+    tiny = CodecConfig.from_json(codec_dir / "config.json")
+    qt = dataclasses.replace(tiny.quantizer_transformer, window_size=24, block_size=512, n_local_heads=2)
+    return dataclasses.replace(tiny, quantizer_transformer=qt)
+
+
+SCHEDULES = {
+    "ones": 1,
+    "threes": 3,
+    "sevens": 7,
+    "fifty": 50,
+    "one_big": T,
+    "primes": [2, 3, 5, 7, 11, 13, 17],
+    "random": torch.randint(1, 20, (40,), generator=torch.Generator().manual_seed(7)).tolist(),
+}
+
+
+@pytest.fixture(scope="module")
+def fixture_codec(codec_dir):
+    return load_codec(codec_dir / "codec.pth", CodecConfig.from_json(codec_dir / "config.json"))
+
+
+@pytest.fixture(scope="module")
+def wide_codec(wider_config):
+    return random_codec(wider_config, seed=5)
+
+
+class Whole:
+    """Whole decodes of one code sequence in fp32 and float64."""
+
+    def __init__(self, codec, codes):
+        self.codec, self.codes = codec, codes
+        self.codec64 = copy.deepcopy(codec).double()
+        with torch.inference_mode():
+            self.fp32 = codec.decode(codes)
+            self.fp64 = self.codec64.decode(codes)
+        self.fp32_vs_fp64 = max_diff(self.fp32, self.fp64)
+
+
+@pytest.fixture(scope="module")
+def fixture_whole(fixture_codec):
+    return Whole(fixture_codec, random_codes(fixture_codec.config, 1, T, seed=1))
+
+
+@pytest.fixture(scope="module")
+def wide_whole(wide_codec):
+    return Whole(wide_codec, random_codes(wide_codec.config, 1, T, seed=2))
+
+
+def check_fp32_stream(whole: Whole, schedule) -> float:
+    with torch.inference_mode():
+        audio = decode_chunked(whole.codec, whole.codes, schedule)
+    assert audio.shape == (1, 1, T * whole.codec.config.frame_length)
+    err = max_diff(audio, whole.fp32)
+    assert err <= FP32_ATOL, f"stream vs whole fp32: {err:.3g}"
+    # As close to the float64 decode as the whole fp32 decode is (rounding, not a streaming error).
+    err64 = max_diff(audio, whole.fp64)
+    assert err64 <= 2 * whole.fp32_vs_fp64, f"stream {err64:.3g} vs whole {whole.fp32_vs_fp64:.3g} from fp64"
+    return err
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES.values(), ids=SCHEDULES.keys())
+def test_fixture_codec_stream_equals_whole_decode(fixture_whole, schedule):
+    check_fp32_stream(fixture_whole, schedule)
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES.values(), ids=SCHEDULES.keys())
+def test_wide_window_gqa_codec_stream_equals_whole_decode(wide_whole, schedule):
+    check_fp32_stream(wide_whole, schedule)
+
+
+@pytest.mark.parametrize("schedule", [1, [2, 3, 5, 7, 11, 13, 17]], ids=["ones", "primes"])
+def test_float64_stream_equals_whole_decode(fixture_whole, wide_whole, schedule):
+    # Only the codec's fp32 islands round here: a cache or mask error would be >> 1e-3.
+    for whole in (fixture_whole, wide_whole):
+        with torch.inference_mode():
+            audio = decode_chunked(whole.codec64, whole.codes, schedule)
+        assert max_diff(audio, whole.fp64) <= 2e-5
+
+
+def test_stream_matches_reference_audio(fixture_codec, codec_expected):
+    codes = codec_expected["decode_codes"]
+    for schedule in (1, [5, 7]):
+        with torch.inference_mode():
+            audio = decode_chunked(fixture_codec, codes, schedule)
+        assert max_diff(audio, codec_expected["decode_audio"]) <= AUDIO_ATOL
+
+
+def test_unfused_weight_norm_codec_streams(codec_dir, fixture_codec, fixture_whole):
+    # The checkpoint layout (WNConv with g, v) streams like the fused one.
+    unfused = load_codec(codec_dir / "codec.pth", fixture_codec.config, for_inference=False)
+    codes = fixture_whole.codes[..., :40]
+    with torch.inference_mode():
+        audio = decode_chunked(unfused, codes, [3, 4])
+        whole = fixture_codec.decode(codes)
+    assert max_diff(audio, whole) <= FP32_ATOL
+
+
+def test_stream_past_rope_table_end_equals_codec_with_longer_table(wider_config):
+    # block_size 64: a whole decode stops there; the stream goes on with rows of the same formula, so
+    # it equals a whole decode by the same weights with a 512-row table.
+    wide = wider_config
+    short_qt = dataclasses.replace(wide.quantizer_transformer, block_size=64)
+    short = dataclasses.replace(wide, quantizer_transformer=short_qt)
+    short_codec, long_codec = random_codec(short, seed=5), random_codec(wide, seed=5)
+    codes = random_codes(wide, 1, 200, seed=3)
+    with torch.inference_mode():
+        with pytest.raises(ValueError, match="at most 64"):
+            short_codec.decode(codes)
+        whole = long_codec.decode(codes)
+        dec = StreamingDecoder(short_codec)
+        audio = torch.cat([dec.decode(codes[..., t : t + 9]) for t in range(0, 200, 9)], -1)
+    assert dec.frames.tolist() == [200]
+    assert max_diff(audio, whole) <= FP32_ATOL
+    # The tail (frames 150..199, all past row 64) carries the same signal, not a degraded one.
+    tail = slice(150 * wide.frame_length, None)
+    assert rel_err(audio[..., tail], whole[..., tail]) < 1e-4
+
+
+def test_reset_starts_an_independent_utterance(wide_codec):
+    a, b = random_codes(wide_codec.config, 1, 60, seed=10), random_codes(wide_codec.config, 1, 45, seed=11)
+    with torch.inference_mode():
+        fresh = decode_chunked(wide_codec, b, 4)
+        dec = StreamingDecoder(wide_codec)
+        for t in range(0, 60, 7):
+            dec.decode(a[..., t : t + 7])
+        carried = torch.cat([dec.decode(b[..., t : t + 4]) for t in range(0, 45, 4)], -1)
+        dec.reset()
+        assert dec.frames.tolist() == [0]
+        after_reset = torch.cat([dec.decode(b[..., t : t + 4]) for t in range(0, 45, 4)], -1)
+    assert torch.equal(after_reset, fresh)
+    # Without the reset the first utterance's state leaks in (so the state is really carried).
+    assert max_diff(carried, fresh) > 1e-2
+
+
+def test_batch_rows_are_independent(wide_codec):
+    codes = random_codes(wide_codec.config, 3, 50, seed=12)
+    with torch.inference_mode():
+        whole = wide_codec.decode(codes)
+        batched = decode_chunked(wide_codec, codes, [1, 6, 4])
+        rows = [decode_chunked(wide_codec, codes[i : i + 1], [1, 6, 4]) for i in range(3)]
+    assert max_diff(batched, whole) <= FP32_ATOL
+    for i in range(3):
+        assert max_diff(batched[i : i + 1], rows[i]) <= FP32_ATOL
+    assert max_diff(batched[0], batched[1]) > 1e-2  # different codes, different audio
+
+
+@pytest.mark.parametrize("schedule", [1, 7, [2, 3, 5, 7, 11, 13, 17]], ids=["ones", "sevens", "primes"])
+def test_bf16_stream_as_accurate_as_bf16_whole(fixture_whole, schedule):
+    # In bf16 this tiny decoder amplifies rounding to ~8% (Snake of activations in the hundreds, where a
+    # bf16 ulp is 2-4): a stream and a whole decode round differently, so both are compared with fp32.
+    bf16 = copy.deepcopy(fixture_whole.codec).to(torch.bfloat16)
+    ref = fixture_whole.fp32
+    with torch.inference_mode():
+        whole = bf16.decode(fixture_whole.codes)
+        stream = decode_chunked(bf16, fixture_whole.codes, schedule)
+    assert stream.dtype == torch.float32 and stream.shape == ref.shape
+    assert rel_err(stream, ref) <= 1.25 * rel_err(whole, ref)
+    assert rel_err(stream, whole) < 0.15 and max_diff(stream, whole) < 0.3
+
+
+def test_each_call_costs_only_its_own_frames(wide_codec):
+    codes = random_codes(wide_codec.config, 1, 103, seed=13)
+    work, seen = [0], []
+    mods = [m for m in wide_codec.modules() if isinstance(m, (torch.nn.Linear, torch.nn.Conv1d))]
+
+    def count(m, args, out):
+        work[0] += args[0].numel()
+
+    wqkv = wide_codec.quantizer.post_module.layers[0].attention.wqkv
+    handles = [m.register_forward_hook(count) for m in mods]
+    handles.append(wqkv.register_forward_hook(lambda m, args, out: seen.append(args[0].shape[1])))
+    try:
+        with torch.inference_mode():
+            dec = StreamingDecoder(wide_codec)
+            dec.decode(codes[..., :10])
+            work[0] = 0
+            dec.decode(codes[..., 10:13])
+            early = work[0]
+            dec.decode(codes[..., 13:100])
+            work[0] = 0
+            dec.decode(codes[..., 100:103])
+            late = work[0]
+    finally:
+        for h in handles:
+            h.remove()
+    assert early == late > 0
+    assert seen == [10, 3, 87, 3]  # the transformer sees only the new frames (the rest is in its cache)
+
+
+def test_bad_input_is_a_clear_error(wide_codec):
+    dec = StreamingDecoder(wide_codec, batch=2)
+    codes = random_codes(wide_codec.config, 2, 5)
+    with torch.inference_mode():
+        with pytest.raises(ValueError, match=r"codes must be \(2, 10, n\)"):
+            dec.decode(codes[:1])
+        with pytest.raises(ValueError, match=r"codes must be \(2, 10, n\)"):
+            dec.decode(codes[:, :9])
+        empty = dec.decode(codes[..., :0])
+        assert empty.shape == (2, 1, 0) and dec.frames.tolist() == [0, 0]
+        assert dec.decode(codes).shape == (2, 1, 5 * wide_codec.config.frame_length)
+    with pytest.raises(ValueError, match="chunk sizes"):
+        decode_chunked(wide_codec, codes, [3, 0])
+    with pytest.raises(ValueError, match="batch"):
+        StreamingDecoder(wide_codec, batch=0)
+
+
+# --- CUDA ---------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def no_tf32():
+    # cuDNN runs fp32 convs in TF32 by default: whole and streamed decodes would differ by ~1e-2.
+    saved = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+    yield
+    torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
+
+
+@pytest.mark.gpu
+def test_cuda_stream_fp32_bf16_and_graph_capture(fixture_codec, no_tf32):
+    codec = copy.deepcopy(fixture_codec).cuda()
+    codes = random_codes(codec.config, 2, 64, seed=14).cuda()
+    with torch.inference_mode():
+        whole = codec.decode(codes)
+        err = max_diff(decode_chunked(codec, codes, [1, 5, 3]), whole)
+        assert err <= FP32_ATOL, f"cuda fp32 stream vs whole: {err:.3g}"
+
+        bf16 = copy.deepcopy(codec).to(torch.bfloat16)
+        whole_bf16 = bf16.decode(codes)
+        stream_bf16 = decode_chunked(bf16, codes, [1, 5, 3])
+        errs = rel_err(stream_bf16, whole), rel_err(whole_bf16, whole)
+        assert errs[0] <= 1.25 * errs[1] + 0.01, f"bf16 stream / whole vs fp32: {errs}"
+
+        # One fixed chunk size captured once, replayed for every chunk: same audio as eager streaming.
+        n = 4
+        eager = decode_chunked(bf16, codes, n)
+        dec = StreamingDecoder(bf16, batch=2)
+        static = codes[..., :n].clone()
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(3):
+                dec.decode(static)
+        torch.cuda.current_stream().wait_stream(side)
+        dec.reset()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = dec.decode(static)
+        dec.reset()
+        pieces = []
+        for t in range(0, 64, n):
+            static.copy_(codes[..., t : t + n])
+            graph.replay()
+            pieces.append(out.clone())
+        replayed = torch.cat(pieces, -1)
+    assert max_diff(replayed, eager) <= 1e-2 * eager.abs().max().item()  # measured on an H100: 0
+
+
+# --- encoding in chunks (bounded memory for long reference clips) ---------------------------------
+
+
+def encode_groups(codec_expected):
+    return sorted({k.split("_")[0] for k in codec_expected if k.startswith("encode") and k.endswith("_pcm16")})
+
+
+@pytest.mark.parametrize("chunk_frames", [1, 5, 16, 10_000])
+def test_parity_chunked_encode_gives_the_reference_codes(fixture_codec, codec_expected, chunk_frames):
+    for group in encode_groups(codec_expected):
+        audio = codec_expected[f"{group}_pcm16"].float() / 32768
+        robust = codec_expected[f"{group}_codes_robust"]
+        with torch.inference_mode():
+            chunked = encode_chunked(fixture_codec, audio, chunk_frames)
+            whole = fixture_codec.encode(audio)
+        expected = codec_expected[f"{group}_codes"]
+        assert chunked.shape == expected.shape
+        assert torch.equal(chunked[robust], expected[robust]), group
+        assert (chunked == whole).float().mean() > 0.99, group  # at most a near-tie flips
+
+
+def test_chunked_encode_rejects_bad_input(fixture_codec):
+    with pytest.raises(ValueError, match="chunk_frames"):
+        encode_chunked(fixture_codec, torch.zeros(1, 1, 4096), 0)
+    with pytest.raises(ValueError, match="audio must be"):
+        encode_chunked(fixture_codec, torch.zeros(1, 4096), 4)
+
+
+def test_rows_stream_independently_and_decode_together(wide_codec):
+    """Streams that start at different times, continued in one batched call each time, give each
+    stream's own whole decode: what continuous batching across requests relies on."""
+    cfg = wide_codec.config
+    a, b, c = (random_codes(cfg, 1, n, seed=s) for n, s in ((40, 21), (33, 22), (25, 23)))
+    with torch.inference_mode():
+        dec = StreamingDecoder(wide_codec, batch=4)
+        parts = {0: [], 2: [], 3: []}
+        parts[2].append(dec.decode(a[..., :8], rows=[2]))  # stream a alone, in row 2
+        dec.decode(random_codes(cfg, 1, 6, seed=24), rows=[0])  # row 0 holds a stale stream ...
+        dec.reset(rows=[0])  # ... until reset for stream b; rows 2 and 3 are untouched
+        out = dec.decode(torch.cat([b[..., :8], a[..., 8:16]]), rows=[0, 2])  # b and a together
+        parts[0].append(out[:1]), parts[2].append(out[1:])
+        parts[3].append(dec.decode(c[..., :5], rows=[3]))
+        out = dec.decode(torch.cat([c[..., 5:25], b[..., 8:28], a[..., 16:36]]), rows=[3, 0, 2])  # any order
+        parts[3].append(out[:1]), parts[0].append(out[1:2]), parts[2].append(out[2:])
+        parts[0].append(dec.decode(b[..., 28:], rows=[0]))
+        parts[2].append(dec.decode(a[..., 36:], rows=[2]))
+        whole = {0: wide_codec.decode(b), 2: wide_codec.decode(a), 3: wide_codec.decode(c)}
+        for row, pieces in parts.items():
+            assert max_diff(torch.cat(pieces, -1), whole[row]) <= FP32_ATOL, f"row {row}"
+        assert dec.frames.tolist() == [33, 0, 40, 25]
+        with pytest.raises(ValueError, match="distinct indices below 4"):
+            dec.decode(a[..., :2].repeat(2, 1, 1), rows=[1, 1])
+        with pytest.raises(ValueError, match="distinct indices below 4"):
+            dec.decode(a[..., :2], rows=[4])
+
+
+def test_reference_encoder_gives_the_codes_of_a_whole_encode_for_any_clip_length(fixture_codec):
+    """ReferenceEncoder pads every chunk, the last one included, to the same size (what its CUDA
+    graph needs) and cuts the padding's frames; clips over its reserved length go to a fresh
+    encoder. On the CPU in fp32 each equals one whole encode exactly."""
+    from engine.runtime.reference_encoder import ReferenceEncoder
+
+    frame_length = fixture_codec.config.frame_length
+    encoder = ReferenceEncoder(fixture_codec, chunk_frames=4, max_frames=12)
+    gen = torch.Generator().manual_seed(3)
+    # under one chunk, a partial last frame, exactly three chunks, a partial chunk, over max_frames
+    for samples in (frame_length - 5, 3 * frame_length + 7, 12 * frame_length, 10 * frame_length, 15 * frame_length):
+        clip = (0.3 * torch.randn(samples, generator=gen)).numpy()
+        with torch.inference_mode():
+            whole = fixture_codec.encode(torch.from_numpy(clip).view(1, 1, -1))[0]
+        codes = encoder.encode(clip)
+        assert codes.shape == whole.shape, samples
+        assert torch.equal(codes, whole), samples
+    with pytest.raises(ValueError, match="at least one sample"):
+        encoder.encode(np.zeros(0, dtype=np.float32))
+    with pytest.raises(RuntimeError, match="need a CUDA device"):
+        encoder.prepare()  # the graph is CUDA's; on the CPU the encoder stays eager
+
+
+def test_streaming_encoder_takes_whole_frames_only(fixture_codec):
+    from engine.model.codec_stream import StreamingEncoder
+
+    frame_length = fixture_codec.config.frame_length
+    encoder = StreamingEncoder(fixture_codec)
+    with pytest.raises(ValueError, match="whole frames"):
+        encoder.step(torch.zeros(1, 1, frame_length + 1))
+    assert encoder.step(torch.zeros(1, 1, 2 * frame_length)).shape == (1, fixture_codec.config.num_codebooks, 2)
+
+
+# --- compiled activations ----------------------------------------------------------------------------
+
+
+def test_use_pointwise_swaps_the_decoders_pointwise_functions_only(fixture_codec):
+    from engine.model.codec import (ResidualPointwise, ResidualUnit, Snake1d, biased_residual, biased_snake,
+                                    context_snake, snake)
+
+    codec = copy.deepcopy(fixture_codec)
+    calls = []
+
+    def counted(fn):
+        def call(*args):
+            calls.append(fn.__name__)
+            return fn(*args)
+
+        return call
+
+    codec.decoder.use_pointwise(counted(snake), ResidualPointwise(*map(counted, (context_snake, biased_snake,
+                                                                                 biased_residual))))
+    decoder_snakes = [m for m in codec.decoder.modules() if isinstance(m, Snake1d)]
+    other_snakes = [m for name, m in codec.named_modules() if isinstance(m, Snake1d) and not name.startswith("decoder.")]
+    decoder_units = [m for m in codec.decoder.modules() if isinstance(m, ResidualUnit)]
+    encoder_units = [m for m in codec.encoder.modules() if isinstance(m, ResidualUnit)]
+    assert decoder_snakes and other_snakes and decoder_units and encoder_units
+    assert all(m.function is not snake for m in decoder_snakes)
+    assert all(m.function is snake for m in other_snakes)
+    assert all(m.pointwise.biased_snake is not biased_snake for m in decoder_units)
+    assert all(m.pointwise == ResidualPointwise() for m in encoder_units)
+    pending, encoder_kinds = [StreamingEncoder(codec)._encoder], set()
+    while pending:  # the encoder streams its residual units with the module's own ops, never fused
+        streamer = pending.pop()
+        encoder_kinds.add(type(streamer).__name__)
+        pending.extend(streamer.children())
+    assert "_Residual" in encoder_kinds and "_FusedResidual" not in encoder_kinds
+    codes = random_codes(codec.config, 1, 8)
+    with torch.inference_mode():
+        assert torch.equal(codec.decode(codes), fixture_codec.decode(codes))
+        assert calls == ["snake"] * len(decoder_snakes)  # the module forward ran every Snake through it
+        calls.clear()
+        streamed = decode_chunked(codec, codes, 4)
+    assert max_diff(streamed, fixture_codec.decode(codes)) <= FP32_ATOL
+    # Streamed, each residual unit is its three fused passes; the other Snakes stay Snakes.
+    per_chunk = {name: calls.count(name) / 2 for name in set(calls)}
+    units = len(decoder_units)
+    assert per_chunk == {"snake": len(decoder_snakes) - 2 * units, "context_snake": units,
+                         "biased_snake": units, "biased_residual": units}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_pointwise_kernels_equal_the_eager_functions(dtype):
+    """Each Triton kernel against its eager function computed in fp32 (so the kernel's only error is
+    the rounding of its output), on a strided context and odd lengths."""
+    pytest.importorskip("triton")
+    from engine.model import codec, codec_kernels
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    x, y = (torch.randn(3, 40, 1501, device="cuda", generator=gen).to(dtype) for _ in range(2))
+    context = torch.randn(3, 40, 80, device="cuda", generator=gen).to(dtype)[..., 20:74]  # 54 steps, strided
+    alpha = (torch.rand(1, 40, 1, device="cuda", generator=gen) + 0.3).to(dtype)
+    bias = torch.randn(40, device="cuda", generator=gen).to(dtype)
+    eps = 1e-9
+    f = lambda t: t.float()  # noqa: E731
+    pairs = [
+        (codec_kernels.snake(x, alpha, eps), codec.snake(f(x), f(alpha), eps)),
+        (codec_kernels.context_snake(context, x, alpha, eps), codec.context_snake(f(context), f(x), f(alpha), eps)),
+        (codec_kernels.biased_snake(x, bias, alpha, eps), codec.biased_snake(f(x), f(bias), f(alpha), eps)),
+        (codec_kernels.biased_residual(x, y, bias), codec.biased_residual(f(x), f(y), f(bias))),
+    ]
+    tolerance = {torch.float32: dict(rtol=1e-5, atol=1e-5), torch.bfloat16: dict(rtol=8e-3, atol=8e-3)}[dtype]
+    for got, expected in pairs:
+        assert got.dtype == dtype
+        torch.testing.assert_close(got.float(), expected, **tolerance)
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+def test_pointwise_kernels_decode_full_size_audio_like_eager_ops():
+    """Full-size random codec in bf16, three streams decoded 16 frames at a time through a CUDA graph,
+    as the engine's codec runner does: the Triton pointwise kernels (fp32 inside each) against the
+    eager ops (bf16 rounding after each op), each against an fp32 decode. Random weights make bf16
+    drift far (measured on an H100 with the Snakes compiled by Inductor, before these kernels:
+    relative error 0.124 eager, 0.118 compiled, 0.106 between the two; the bounds below come from
+    there); a wrong kernel gives ~1."""
+    pytest.importorskip("triton")
+    from engine.model import codec_kernels
+
+    config = CodecConfig.s1_mini()
+    fp32 = random_codec(config, device="cuda")
+    eager = copy.deepcopy(fp32).decode_in(torch.bfloat16)
+    kernels = copy.deepcopy(eager)
+    codec_kernels.use_in(kernels.decoder)
+    codes = random_codes(config, 3, 64, seed=3).cuda()
+
+    def graphed_decode(codec):
+        dec = StreamingDecoder(codec, batch=3)
+        static = codes[..., :16].clone()
+        graph, out = capture(lambda: dec.decode(static), torch.cuda.Stream())
+        dec.reset()
+        pieces = []
+        for t in range(0, 64, 16):
+            static.copy_(codes[..., t:t + 16])
+            graph.replay()
+            pieces.append(out.clone())
+        return torch.cat(pieces, -1)
+
+    with torch.inference_mode():
+        reference = fp32.decode(codes)
+        audio_eager, audio_kernels = graphed_decode(eager), graphed_decode(kernels)
+    errors = rel_err(audio_eager, reference), rel_err(audio_kernels, reference), rel_err(audio_kernels, audio_eager)
+    assert errors[1] <= 1.3 * errors[0] and errors[2] <= 1.5 * errors[0], errors
+
+
+# --- dilated convs tuned per shape -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dilation, kernel", [(9, 7), (3, 7), (2, 3)])
+def test_im2col_conv_equals_the_convolution(dilation, kernel):
+    from engine.model.tuned_conv import conv1d_im2col
+
+    gen = torch.Generator().manual_seed(dilation)
+    x = torch.randn(3, 6, 40 + (kernel - 1) * dilation, generator=gen, dtype=torch.float64)
+    weight = torch.randn(5, 6, kernel, generator=gen, dtype=torch.float64)
+    bias = torch.randn(5, generator=gen, dtype=torch.float64)
+    expected = torch.nn.functional.conv1d(x, weight, bias, dilation=dilation)
+    assert torch.allclose(conv1d_im2col(x, weight, bias, dilation), expected, rtol=1e-12, atol=1e-12)
+    assert torch.allclose(conv1d_im2col(x, weight, None, dilation), expected - bias[:, None], rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("part_bytes", [256 << 20, 1])  # one part; then one batch row per part
+def test_a_tuned_conv_computes_the_convolution_either_way(part_bytes, monkeypatch):
+    from engine.model import tuned_conv
+
+    monkeypatch.setattr(tuned_conv, "IM2COL_BYTES", part_bytes)
+    conv = torch.nn.Conv1d(6, 5, 7, dilation=3).double()
+    tuned = tuned_conv.ShapeTunedConv1d.like(conv)
+    x = torch.randn(3, 6, 58, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    with torch.inference_mode():
+        for chosen in (False, True):
+            tuned.im2col_for[(tuple(x.shape), x.dtype)] = chosen  # as if timing had chosen it
+            assert torch.allclose(tuned(x), conv(x), rtol=1e-12, atol=1e-12)
+            unbiased = tuned.convolve(x, None)  # the streamed decoder adds the bias in a fused pass
+            assert torch.allclose(unbiased + conv.bias[:, None], conv(x), rtol=1e-12, atol=1e-12)
+
+
+def test_tuned_decoder_convs_share_weights_and_decode_alike(fixture_codec):
+    from engine.model.tuned_conv import ShapeTunedConv1d, tune_convs, tuning
+
+    codec = copy.deepcopy(fixture_codec)
+    convs = [m for m in codec.decoder.modules() if type(m) is torch.nn.Conv1d]
+    taps = [m for m in convs if m.kernel_size[0] > 1]
+    tune_convs(codec.decoder)
+    tuned = [m for m in codec.decoder.modules() if isinstance(m, ShapeTunedConv1d)]
+    assert len(tuned) == len(taps) > 0 and len(taps) < len(convs)  # 1x1 convs are not tuned
+    assert any(t.dilation != (1,) for t in tuned) and any(t.dilation == (1,) for t in tuned)
+    assert all(t.weight is d.weight and t.dilation == d.dilation for t, d in zip(tuned, taps))
+    assert not any(isinstance(m, ShapeTunedConv1d) for m in codec.encoder.modules())
+    codes = random_codes(codec.config, 2, 12)
+    with torch.inference_mode(), tuning(codec.decoder):  # on the CPU nothing is timed: cuDNN's path
+        assert max_diff(decode_chunked(codec, codes, 4), decode_chunked(fixture_codec, codes, 4)) == 0
+    assert all(not t.tuning and not t.im2col_for for t in tuned)
+
+
+@pytest.mark.gpu
+def test_tuned_convs_time_each_shape_once_and_match_cudnn():
+    from engine.model.tuned_conv import ShapeTunedConv1d, tuning
+
+    conv = torch.nn.Conv1d(384, 384, 7, dilation=9).cuda().to(torch.bfloat16)
+    tuned = ShapeTunedConv1d.like(conv)
+    shapes = [(64, 384, 4150), (1, 384, 310)]
+    with torch.inference_mode():
+        for shape in shapes:
+            x = torch.randn(shape, device="cuda", dtype=torch.bfloat16)
+            expected = conv(x).float()
+            assert torch.equal(tuned(x), conv(x))  # untimed shapes run cuDNN
+            with tuning(tuned):
+                got = tuned(x).float()
+            assert ((got - expected).norm() / expected.norm()).item() < 1e-2
+        assert set(tuned.im2col_for) == {(s, torch.bfloat16) for s in shapes}

@@ -1,0 +1,207 @@
+"""The compile policy: every platform gets a decision and a reason, never a crash."""
+
+import dataclasses
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from unittest import mock
+
+import pytest
+import torch
+
+from engine import compilation
+from engine.compilation import Environment, decide, single_row_matmul
+from engine.errors import DeviceError
+from engine.runtime.step_runner import bucket_for, buckets_up_to
+
+ROOT = Path(__file__).resolve().parent.parent
+CUDA = torch.device("cuda")
+LINUX_TRITON = Environment("Linux", "2.13.0", True, "3.7.0")
+WINDOWS_NO_TRITON = Environment("Windows", "2.13.0", True, None)
+
+
+def test_cuda_with_triton_compiles_and_captures_graphs():
+    policy = decide("auto", CUDA, LINUX_TRITON)
+    assert policy.compile and policy.cuda_graphs
+    assert "Triton 3.7.0" in policy.describe()
+
+
+def test_windows_without_triton_runs_the_eager_step_in_graphs():
+    policy = decide("auto", CUDA, WINDOWS_NO_TRITON)
+    assert not policy.compile and policy.cuda_graphs
+    assert "no Triton" in policy.reason
+
+
+def test_compile_on_without_triton_is_a_clear_error():
+    with pytest.raises(DeviceError, match="--no-compile"):
+        decide("on", CUDA, WINDOWS_NO_TRITON)
+
+
+def test_no_compile_keeps_cuda_graphs():
+    policy = decide("off", CUDA, LINUX_TRITON)
+    assert not policy.compile and policy.cuda_graphs
+
+
+@pytest.mark.parametrize("device", ["cpu", "mps"])
+@pytest.mark.parametrize("mode", ["auto", "on", "off"])
+def test_cpu_and_mps_run_eager_whatever_is_asked(device, mode):
+    policy = decide(mode, torch.device(device), LINUX_TRITON)
+    assert not policy.compile and not policy.cuda_graphs
+    assert device in policy.reason
+
+
+# On by default where this torch's Inductor has the setting (it applies it on compute capability 9.0+ only).
+PDL = {"triton.enable_pdl": True} if compilation._inductor_has_pdl() else {}
+
+
+@pytest.fixture(autouse=True)
+def _no_pdl_choice_in_the_environment(monkeypatch):
+    monkeypatch.delenv("TORCHINDUCTOR_ENABLE_PDL", raising=False)
+
+
+@pytest.mark.parametrize("hip, capability, expected", [(None, (9, 0), True), (None, (8, 9), False),
+                                                      ("6.2", (9, 4), False)])
+def test_our_kernels_use_pdl_on_nvidia_hopper_and_newer_only(monkeypatch, hip, capability, expected):
+    """ROCm reports MI300 as capability 9.4: it has no griddepcontrol, so no PDL there."""
+    monkeypatch.setattr(torch.version, "hip", hip)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=None: capability)
+    assert compilation._has_pdl.__wrapped__(0) is expected
+
+
+def test_max_autotune_mode_turns_on_inductor_tuning_and_default_mode_does_not():
+    policy = decide("auto", CUDA, LINUX_TRITON, compile_mode="max-autotune")
+    assert policy.inductor_options == {"coordinate_descent_tuning": True, "max_autotune": True, **PDL}
+    assert decide("auto", CUDA, LINUX_TRITON).inductor_options == PDL
+
+
+def test_int8_weights_turn_off_the_pattern_that_picks_a_slow_int8_matmul_kernel():
+    assert decide("auto", CUDA, LINUX_TRITON, quantize="int8").inductor_options == {"pattern_matcher": False, **PDL}
+    for mode in ("none", "int4", "fp8"):
+        assert decide("auto", CUDA, LINUX_TRITON, quantize=mode).inductor_options == PDL
+
+
+def test_pdl_can_be_turned_off_and_every_option_is_a_real_inductor_setting(monkeypatch):
+    import torch._inductor.config as inductor_config
+
+    if not PDL:
+        pytest.skip("this torch's Inductor has no triton.enable_pdl")
+    policy = decide("auto", CUDA, LINUX_TRITON, compile_mode="max-autotune", quantize="int8")
+    assert "triton.enable_pdl" not in dataclasses.replace(policy, pdl=False).inductor_options
+    with inductor_config.patch(policy.inductor_options):  # raises on an unknown setting
+        assert inductor_config.triton.enable_pdl
+    monkeypatch.setenv("TORCHINDUCTOR_ENABLE_PDL", "0")  # Inductor's own switch is respected
+    assert "triton.enable_pdl" not in decide("auto", CUDA, LINUX_TRITON).inductor_options
+
+
+@pytest.mark.parametrize("weight_dtype", [torch.float32, torch.bfloat16])
+def test_single_row_matmul_equals_mm_and_leaves_batched_rows_alone(weight_dtype):
+    gen = torch.Generator().manual_seed(0)
+    a = torch.randn(1, 64, generator=gen).to(weight_dtype)
+    b = torch.randn(64, 48, generator=gen).to(weight_dtype)
+    torch.testing.assert_close(single_row_matmul(a, b), a @ b)
+    assert single_row_matmul(a, b).dtype == weight_dtype
+    assert single_row_matmul(torch.cat([a, a]), b) is NotImplemented
+
+
+@pytest.mark.skipif(not (shutil.which("g++") or shutil.which("c++")), reason="Inductor on CPU needs a C++ compiler")
+def test_the_inductor_backend_compiles_a_single_row_linear_like_eager():
+    policy = decide("auto", CUDA, LINUX_TRITON)
+    linear = torch.nn.Linear(32, 16, bias=False)
+    x = torch.randn(1, 1, 32)
+    compiled = torch.compile(linear, fullgraph=True, backend=policy.inductor_backend())
+    torch.testing.assert_close(compiled(x), linear(x))
+
+
+@pytest.fixture
+def restored_environ():
+    """configure_caches writes os.environ itself: put every variable back after the test."""
+    with mock.patch.dict(os.environ):
+        yield
+
+
+def test_caches_go_under_the_cache_dir_unless_set(tmp_path, monkeypatch, restored_environ):
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "mine"))
+    dirs = compilation.configure_caches(tmp_path / "compile")
+    assert dirs["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "compile" / "inductor")
+    assert dirs["TRITON_CACHE_DIR"] == str(tmp_path / "mine")  # the user's choice wins
+    assert os.path.isdir(dirs["TORCHINDUCTOR_CACHE_DIR"])
+
+
+def test_caches_replace_the_temp_dir_that_importing_dynamo_sets(tmp_path, monkeypatch, restored_environ):
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", os.path.abspath(default_cache_dir()))
+    dirs = compilation.configure_caches(tmp_path / "compile")
+    assert dirs["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "compile" / "inductor")
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "chosen"))
+    assert compilation.configure_caches(tmp_path / "compile")["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "chosen")
+
+
+def test_caches_pin_inductors_ptxas_so_cold_and_warm_starts_share_triton_keys(tmp_path, monkeypatch,
+                                                                               restored_environ):
+    """Inductor points Triton at its ptxas only once it compiles (a cold start); configure_caches does
+    it up front (Inductor's own helper, whatever its torch version looks for), so that our kernels'
+    cache keys are the same on a warm start."""
+    from torch._inductor.runtime import compile_tasks
+
+    root = tmp_path / "torch"
+    monkeypatch.setattr(compile_tasks, "__file__", str(root / "_inductor" / "runtime" / "compile_tasks.py"))
+    for folder in (root / "bin", root / "_inductor" / "bin"):  # where torch versions have kept it
+        folder.mkdir(parents=True)
+        (folder / "ptxas").write_text("#!/bin/sh\n")
+        (folder / "ptxas").chmod(0o755)
+    clear = getattr(compile_tasks._set_triton_ptxas_path, "cache_clear", lambda: None)
+    monkeypatch.delenv("TRITON_PTXAS_PATH", raising=False)
+    clear()
+    try:
+        compilation.configure_caches(tmp_path / "compile")
+        assert Path(os.environ["TRITON_PTXAS_PATH"]).is_relative_to(root)
+        os.environ["TRITON_PTXAS_PATH"] = "/opt/cuda/bin/ptxas"  # the user's choice wins
+        clear()
+        compilation.configure_caches(tmp_path / "compile")
+        assert os.environ["TRITON_PTXAS_PATH"] == "/opt/cuda/bin/ptxas"
+    finally:
+        clear()  # torch's helper caches that it ran: let the next caller look again
+
+
+@pytest.mark.gpu
+def test_a_warm_start_compiles_no_triton_kernel_again(tmp_path):
+    """Two starts of the demo engine on one cache dir (benchmark.py's start-up phase): the second loads
+    every Triton kernel, ours included, and compiles none. Our kernels' cache keys once depended on
+    whether Inductor had compiled anything before them (the ptxas it picks), so a first restart
+    compiled them all again (docs/PERFORMANCE.md, 2026-11-27)."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "TRITON_PTXAS_PATH")}
+    cache = tmp_path / "cache"
+
+    def start() -> set[str]:
+        run = subprocess.run(
+            [sys.executable, str(ROOT / "scripts" / "benchmark.py"), "--phase", "startup", "--cache-dir", str(cache),
+             "--weights", "demo", "--device", "cuda", "--precision", "auto", "--compile", "on", "--compile-mode",
+             "default", "--quantize", "none", "--max-batch-size", "1"],
+            capture_output=True, text=True, timeout=900, cwd=ROOT, env=env)
+        assert run.returncode == 0, run.stderr[-3000:]
+        # Triton makes a key's folder on every lookup, hit or miss: count the compiled kernels.
+        return {str(cubin.relative_to(cache)) for cubin in (cache / "compile" / "triton").glob("*/*.cubin")}
+
+    cold = start()
+    assert cold  # the engine cached its kernels under its cache dir
+    compiled_again = start() - cold
+    assert not compiled_again, f"the warm start compiled {sorted(compiled_again)}"
+
+
+def test_environment_detection_reports_this_machine():
+    env = Environment.detect()
+    assert env.torch == torch.__version__ and env.cuda == torch.cuda.is_available()
+
+
+def test_kv_buckets_cover_every_length_up_to_capacity():
+    sizes = buckets_up_to(4096, 256)
+    assert sizes == [256, 512, 1024, 2048, 4096]
+    assert buckets_up_to(2560, 256)[-1] == 2560
+    assert [bucket_for(n, sizes) for n in (1, 256, 257, 4096)] == [256, 256, 512, 4096]
+    with pytest.raises(ValueError):
+        bucket_for(4097, sizes)

@@ -1,0 +1,126 @@
+"""scripts/load_test.py against a real demo server: every level completes, the report is written."""
+
+import gc
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.test_app_support import DemoServer
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+import load_test  # noqa: E402
+
+
+def test_load_test_drives_the_server_and_reports_each_level(tmp_path):
+    out = tmp_path / "load.json"
+    with DemoServer(tmp_path) as server:
+        assert load_test.main(["--url", server.url, "--levels", "1,3", "--requests-per-client", "2",
+                               "--max-new-tokens", "8", "--reference-seconds", "1", "--json", str(out),
+                               "--html", str(tmp_path / "load.html")]) == 0
+    report = json.loads(out.read_text())
+    assert [lv["streams"] for lv in report["levels"]] == [1, 3]
+    numbers = [r["n"] for lv in report["levels"] for r in lv["records"]]
+    # Every measured request has its own text, seed and clip, none shared with the warm-up's.
+    assert len(set(numbers)) == len(numbers) and min(numbers) >= load_test.WARM_REQUESTS
+    for level in report["levels"]:
+        assert level["errors"] == 0 and level["requests"] == 2 * level["streams"]
+        assert all(r["status"] == 200 for r in level["records"])
+        for record in level["records"]:
+            # Each read's arrival (s after the request started) and audio (s): in order, the first
+            # at the time to first audio, together all of the request's audio.
+            times = [at for at, _ in record["arrivals"]]
+            assert times == sorted(times) and abs(times[0] * 1000 - record["ttfa_ms"]) < 1.0
+            assert abs(sum(seconds for _, seconds in record["arrivals"]) - record["audio_s"]) < 1e-3
+            body, kind = load_test.request_body(record["n"], _Args()), load_test.voice_kind(record["n"])
+            assert ("reference_id" in body, "references" in body) == {
+                "saved_voice": (True, False), "inline_clip": (False, True), "no_voice": (False, False)}[kind]
+        ran = {load_test.voice_kind(r["n"]) for r in level["records"]}
+        assert {kind for kind, summary in level["by_voice"].items() if summary} == ran
+        if level["streams"] == 3:
+            assert ran == set(load_test.VOICE_KINDS)  # saved voices, inline clips and the model's own voice all ran
+    html = (tmp_path / "load.html").read_text()
+    assert "<img" in html and "TTFA p50 ms, inline clip" in html
+
+
+def test_load_test_in_process_sends_the_same_requests_to_an_engine_here(tmp_path, monkeypatch):
+    from engine.facade import TTSEngine
+
+    configs, frozen = [], []
+    from_config = TTSEngine.from_config
+    monkeypatch.setattr(TTSEngine, "from_config", lambda config: (configs.append(config), from_config(config))[1])
+    run_levels = load_test.run_levels  # measured with the start-up heap out of the collector's passes, as a server
+    monkeypatch.setattr(load_test, "run_levels", lambda *a: (frozen.append(gc.get_freeze_count()), run_levels(*a))[1])
+    out = tmp_path / "in-process.json"
+    assert load_test.main(["--in-process", "--weights", "demo", "--cache-dir", str(tmp_path / "cache"),
+                           "--levels", "3", "--requests-per-client", "1", "--max-new-tokens", "8",
+                           "--reference-seconds", "1", "--engine-option", "max_batch_size=2",
+                           "--engine-option", "decode_priority=off", "--json", str(out)]) == 0
+    (config,) = configs
+    assert config.max_batch_size == 2 and config.decode_priority is False
+    assert frozen[0] > 0 and gc.get_freeze_count() == 0  # frozen while measured, not after
+    report = json.loads(out.read_text())
+    assert report["url"] == "in-process"
+    (level,) = report["levels"]
+    assert level["errors"] == 0 and level["ok"] == level["requests"] == 3
+    assert {load_test.voice_kind(r["n"]) for r in level["records"]} == set(load_test.VOICE_KINDS)
+    for record in level["records"]:
+        assert record["arrivals"] and abs(sum(s for _, s in record["arrivals"]) - record["audio_s"]) < 1e-3
+
+
+def test_engine_options_without_in_process_are_refused():
+    for options in (["--weights", "demo"], ["--engine-option", "max_batch_size=2"]):
+        with pytest.raises(SystemExit) as refused:
+            load_test.main([*options, "--levels", "1"])
+        assert refused.value.code == 2
+
+
+def test_engine_options_are_the_launchers_variables_and_wrong_ones_explained():
+    assert load_test.engine_options(["decode_priority=false", "max_batch_size=32", "compile=off"]) == {
+        "S1_MINI_DECODE_PRIORITY": "false", "S1_MINI_MAX_BATCH_SIZE": "32", "S1_MINI_COMPILE": "off"}
+    for wrong, says in [("nope=1", "one of EngineConfig's fields"), ("demo=true", "options of their own"),
+                        ("decode_priority=maybe", "true or false"), ("max_batch_size=x", "a number"),
+                        ("compile=sometimes", "compile must be one of"), ("decode_priority", "FIELD=VALUE")]:
+        with pytest.raises(ValueError, match=says):
+            load_test.engine_options([wrong])
+
+
+def test_an_in_process_request_the_api_would_refuse_gets_the_api_s_status():
+    class Engine:
+        sample_rate = 44100
+
+        def synthesize_stream(self, *args, **kwargs):
+            raise AssertionError("the request should have been refused before the engine")
+
+    record = load_test.one_request(load_test.EngineTarget(Engine()), 7, b'{"text": "hi", "temperature": 5}')
+    assert record["status"] == 422 and "temperature" in record["error"]
+
+
+class _Args:
+    max_new_tokens = 8
+    reference_seconds = 1.0
+    distinct_clips = 0
+
+
+def test_underrun_counts_the_waits_of_a_listener_playing_in_real_time():
+    from benchmark import underrun_seconds
+
+    assert underrun_seconds([]) == 0.0
+    assert underrun_seconds([(10.0, 1.0), (10.5, 1.0), (11.9, 1.0)]) == 0.0  # always ahead of playback
+    # 1 s of audio at t=10 runs out at 11; the next arrives at 11.5 (0.5 s stall) and plays to 12.5;
+    # the last arrives at 13 (another 0.5 s).
+    assert abs(underrun_seconds([(10.0, 1.0), (11.5, 1.0), (13.0, 1.0)]) - 1.0) < 1e-9
+
+
+def test_distinct_clips_bounds_the_inline_clips_a_level_sends():
+    def clips(distinct_clips, requests=60):
+        args = _Args()
+        args.distinct_clips = distinct_clips
+        return {load_test.request_body(n, args)["references"][0]["audio"]
+                for n in range(requests) if load_test.voice_kind(n) == "inline_clip"}
+
+    assert len(clips(0)) == 20  # every inline request its own clip
+    assert len(clips(7)) == 7
+    with pytest.raises(SystemExit):
+        load_test.main(["--distinct-clips", "-1"])

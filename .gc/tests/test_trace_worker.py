@@ -1,0 +1,185 @@
+"""scripts/trace_worker.py: a script run under it leaves the GPU worker's spans and a summary of them."""
+
+import gzip
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_an_in_process_load_test_under_the_tracer_leaves_its_worker_spans(tmp_path):
+    trace = tmp_path / "trace.json"
+    run = subprocess.run(
+        [sys.executable, "scripts/trace_worker.py", "--out", str(trace), "scripts/load_test.py", "--in-process",
+         "--weights", "demo", "--cache-dir", str(tmp_path / "cache"), "--levels", "2", "--requests-per-client", "1",
+         "--max-new-tokens", "8", "--reference-seconds", "1"],
+        cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    spans = json.loads(trace.read_text())
+    names = {span[0] for span in spans}
+    assert {"job_submit", "job_run", "iterate", "admit", "step", "prefill_many", "codec_submit", "deliver",
+            "start", "retire"} <= names
+    for name, thread, start, end, _, _ in spans:
+        assert 0 <= start <= end
+        if name in ("iterate", "step", "admit"):
+            assert thread == "s1-gpu-worker"
+    # the engine's warm-up request, the load test's 4 warm-up ones and the level's 2, each prepared once
+    assert sum(span[0] == "request_prepare" for span in spans) == 1 + 4 + 2
+    assert any(span[0] == "gc" for span in spans)
+    summary = subprocess.run([sys.executable, "scripts/trace_worker.py", "--summary", str(trace)],
+                             cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert summary.returncode == 0 and "iterate" in summary.stdout and "longest iterations while sequences ran" in summary.stdout
+    assert "a slot empty from a retirement to the next start there" in summary.stdout
+    packed = tmp_path / "trace.json.gz"  # as the raw traces under docs/benchmarks are kept
+    packed.write_bytes(gzip.compress(trace.read_bytes()))
+    from_packed = subprocess.run([sys.executable, "scripts/trace_worker.py", "--summary", str(packed)],
+                                 cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert from_packed.returncode == 0 and from_packed.stdout == summary.stdout
+
+
+def test_the_summary_finds_bursts_and_their_first_admission_and_longest_prefill():
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import trace_worker
+
+    spans = [["request_prepare", "t", 10.0 + 0.01 * i, 10.0 + 0.01 * i + 0.002, None, None] for i in range(20)]
+    spans += [["request_prepare", "t", 20.0, 20.001, None, None]]  # a lone request: no burst
+    spans += [["admit", "s1-gpu-worker", 10.05, 10.06, [0, 5, 0], [0, 5, 1]],  # deferred: nobody admitted
+              ["admit", "s1-gpu-worker", 10.10, 10.40, [0, 9, 0], [1, 8, 0]],
+              ["prefill", "s1-gpu-worker", 10.10, 10.40, None, None],
+              ["job_run", "s1-gpu-worker", 10.02, 10.045, None, None],
+              ["gc", "s1-gpu-worker", 10.5, 10.502, 2, 0]]
+    assert trace_worker.bursts(spans) == [(10.0, spans[19][2], 20)]
+    summary = trace_worker.summarise(spans)
+    assert ("burst at 10.00 s: 20 requests over 190 ms; first admission 100 ms after the first request; "
+            "longest prefill call 300 ms; longest job (a request's set-up) 25 ms; longest collection 2.0 ms") in summary
+
+
+def test_profile_engine_sums_the_tracers_spans_per_level(tmp_path):
+    """scripts/profile_engine.py times the worker with trace_worker's spans: per level, each span's
+    time summed, and when the first and last decode steps launched."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import profile_engine
+
+    spans = [["iterate", "w", 10.0, 10.5, None, None], ["step", "w", 10.1, 10.2, 2, 2],
+             ["step", "w", 10.3, 10.35, 2, 2], ["iterate", "w", 10.6, 10.7, None, None]]
+    row = profile_engine.level_row(spans, started=9.9, wall=1.0)
+    assert row["parts_s"] == {"iterate": 0.6, "step": 0.15} and row["steps"] == 2
+    assert row["first_step_s"] == 0.2 and row["after_last_step_s"] == 0.6
+
+    out = tmp_path / "pe.json"
+    run = subprocess.run([sys.executable, "scripts/profile_engine.py", "--weights", "demo", "--levels", "2",
+                          "--frames", "6", "--json", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    (level,) = json.loads(out.read_text())
+    assert level["streams"] == 2 and level["audio_s_per_s"] > 0 and level["steps"] >= 6
+    assert {"job_run", "admit", "step", "iterate", "request_prepare"} <= set(level["parts_s"])
+    assert 0 <= level["first_step_s"] <= level["wall_s"]
+
+
+def test_the_summary_says_how_full_the_steps_and_codec_calls_were_and_how_long_slots_stood_empty():
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import trace_worker
+
+    spans = [["admit", "w", 1.0, 1.001, [2, 0, 0], [2, 0, 0]], ["step", "w", 1.001, 1.002, 2, 2],
+             ["retire", "w", 1.003, 1.004, 0, 0],
+             ["admit", "w", 1.01, 1.011, [3, 2, 0], [3, 2, 0]], ["step", "w", 1.011, 1.012, 4, 4],
+             ["start", "w", 1.054, 1.055, [0, 3], [0, 3]],
+             ["codec_submit", "w", 1.02, 1.021, 3, 3], ["codec_submit", "w", 1.03, 1.031, 1, 1]]
+    lines = trace_worker.load_lines(spans)
+    assert "steps: 2 with sequences, 3.0 rows on average, 4 at most" in lines
+    # 4 slots (the most rows seen): 2 free with none waiting, then 1 free while 2 waited
+    assert "free slots per iteration (of 4, the most rows seen): 0.50 while requests waited, 1.00 while none did" in lines
+    assert "a slot empty from a retirement to the next start there: 1 times, p50 50 ms, p90 50 ms" in lines
+    # the codec's row buckets for 4 slots are 1, 2, 3 and 4 (codec_row_buckets): no call is padded
+    assert "codec calls: 2, 2.0 rows on average (4 rows, 4 with their buckets' padding)" in lines
+    assert [s[2] for s in trace_worker.within(spans, 1.01, 1.03)] == [1.01, 1.011, 1.02, 1.03]
+
+
+def test_the_summary_says_how_fast_steps_came_and_where_a_slots_turnover_went():
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import trace_worker
+
+    spans = [["step", "w", 1.0, 1.001, 2, 2], ["step", "w", 1.5, 1.501, 2, 2], ["step", "w", 2.0, 2.001, 0, 0],
+             ["frame_counts_wait", "w", 1.1, 1.11, None, None], ["frame_counts_wait", "w", 1.13, 1.14, None, None],
+             ["frame_counts_wait", "w", 1.19, 1.2, None, None], ["frame_counts_wait", "w", 1.3, 1.31, None, None],
+             ["retire", "w", 1.2, 1.21, 0, 0], ["job_submit", "h", 1.31, 1.311, None, None],
+             ["job_submit", "h", 1.05, 1.051, None, None],  # before the retirement: not its successor
+             ["start", "w", 1.35, 1.351, [0], [0]]]
+    lines = trace_worker.pace_lines(spans)
+    assert "batched steps: 2 a second" in lines  # two steps with rows, 0.5 s apart
+    # 20, 50 and 100 ms (the nearest rank below, as the other percentiles here)
+    assert "host work between two frame-count read-backs: p50 50.0 ms, p90 50.0 ms" in lines
+    assert "a retirement to the next request's submission: p50 100 ms, p90 100 ms" in lines
+    # the submission at 1.05 s pairs with the only start (300 ms); the one at 1.31 s finds none after it
+    assert "a submission to its start in a slot: p50 300 ms, p90 300 ms" in lines
+
+
+def test_the_gpu_summary_gives_the_union_of_the_gpu_spans_and_its_idle_gaps():
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import trace_worker
+
+    spans = [["gpu_step", "gpu", 1.000, 1.004, [64, 512], None],
+             ["gpu_codec", "gpu", 1.002, 1.010, [8, 32], None],  # overlaps the step: counted once
+             ["gpu_step", "gpu", 1.012, 1.016, [64, 512], None],  # after a 2 ms gap
+             ["gpu_codec", "gpu", 1.0164, 1.020, [4, 4], None],  # after a 0.4 ms gap
+             ["step", "s1-gpu-worker", 0.5, 0.6, 64, 64]]  # a host span: not the GPU's
+    lines = trace_worker.gpu_lines(spans)
+    # busy 10 + 4 + 3.6 ms of 20
+    assert lines[0] == "GPU with work: 88.0% of 0.02 s; idle 0.002 s in 2 gaps (1 over 1 ms, longest 2.0 ms)"
+    assert "gpu_step: 2 spans, p50 4.00 ms" in lines
+    assert "gpu_codec, 4 frames: 1 calls of 4.0 rows, span p50 3.60 ms" in lines
+    assert "gpu_codec, 32 frames: 1 calls of 8.0 rows, span p50 8.00 ms" in lines
+    assert trace_worker.gpu_lines(spans[-1:]) == []
+
+
+def test_gpu_events_without_cuda_leave_the_calls_alone(monkeypatch):
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import torch
+
+    import trace_worker
+
+    class Part:
+        def work(self, x):
+            return x + 1
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    recorder = trace_worker.Recorder(gpu_events=True)
+    recorder.gpu.time_method(Part, "work", "gpu_work", lambda s, a: a[0])
+    assert Part().work(1) == 2
+    assert recorder.gpu.calls == [] and recorder.gpu.spans() == []
+
+
+@pytest.mark.gpu
+def test_gpu_events_bracket_the_steps_and_codec_calls_of_an_in_process_load_test(tmp_path):
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    trace = tmp_path / "trace.json"
+    run = subprocess.run(
+        [sys.executable, "scripts/trace_worker.py", "--gpu-events", "--out", str(trace), "scripts/load_test.py",
+         "--in-process", "--weights", "demo", "--cache-dir", str(tmp_path / "cache"), "--levels", "2",
+         "--requests-per-client", "1", "--max-new-tokens", "8", "--reference-seconds", "1"],
+        cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, run.stderr[-2000:]
+    spans = json.loads(trace.read_text())
+    gpu = [s for s in spans if s[1] == "gpu"]
+    assert {"gpu_step", "gpu_codec", "gpu_prefill"} <= {s[0] for s in gpu}
+    host_steps = [s for s in spans if s[0] == "step"]
+    for name, _, start, end, _, _ in gpu:
+        assert 0 <= start <= end
+    # The clocks agree to well under a millisecond: the first step's GPU work ends after the host
+    # queued it, and before the host's first read-back of frame counts (of that step or a later one) returned.
+    first_host, first_gpu = min(s[2] for s in host_steps), min(s[3] for s in gpu if s[0] == "gpu_step")
+    first_read_back = min(s[3] for s in spans if s[0] == "frame_counts_wait")
+    assert first_host - 1e-3 < first_gpu < first_read_back + 1e-3
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import trace_worker
+
+    busy = trace_worker.gpu_lines(spans)[0]
+    assert busy.startswith("GPU with work: ")
+    assert 0 < float(busy.split(":")[1].split("%")[0]) <= 100
