@@ -24,9 +24,10 @@
 #   allag (added after session s40's calls, not yet run; carry .al): over HTTP on aligned-blocks, one
 #           server per read-back lag in LAGS (default "3 4"), each the sustained mix twice: its host
 #           work between two read-backs was 22-23 ms p90, more than the two steps queued at lag 2.
-#   green (session s41; carry .gc, branch green-codec): whether the device's synchronize waits for a
-#           green context's stream (green_sync_probe.py), then the GPU tests comparing the codec's audio
-#           with the codec on half of the SMs against serial replays and a lone decoder
+#   probe (session s41; carry .gc, branch green-codec): whether the device's synchronize waits for a
+#           green context's stream (green_sync_probe.py)
+#   greentests (the same): the GPU tests comparing the codec's audio with the codec on half of the SMs
+#           against serial replays and a lone decoder
 #   share (session s41; carry .gc): over HTTP, one server per EngineConfig.codec_sm_share in SHARES
 #           (default "0.5 0") on the tree TREE (default gc), the sustained mix twice and one stream
 # Every server part runs `serve` below (the http, admission and allag parts as before, with one function).
@@ -96,12 +97,11 @@ for PART in ${PARTS:?name the parts}; do
     for lag in ${LAGS:-3 4}; do
       (cd $(dir_of al) && S1_MINI_READ_BACK_LAG=$lag serve al-lag$lag --gpu-events)
     done ;;
-  green)
-    # (session s41) the codec on a green context (branch green-codec, tree .gc): does the device's
-    # synchronize wait for a green stream's work, then the GPU tests that compare its audio
+  probe)
     (cd $(dir_of gc) && PYTHONPATH=/tmp/site:. timeout 60 python $ROOT/docs/benchmarks/session-s41/green_sync_probe.py \
-      | tee $R/green-sync-probe.json
-     S1_FIXTURES_DIR=$ROOT/tests/fixtures PYTHONPATH=/tmp/site:. timeout 300 python -m pytest -q -p no:cacheprovider -m gpu \
+      | tee $R/green-sync-probe.json) ;;
+  greentests)
+    (cd $(dir_of gc) && S1_FIXTURES_DIR=$ROOT/tests/fixtures PYTHONPATH=/tmp/site:. timeout 300 python -m pytest -q -p no:cacheprovider -m gpu \
       tests/test_gpu.py -k "graphed_batched_codec or replaying_at_once" tests/test_engine_batching.py 2>&1 | tail -8) ;;
   share)
     # over HTTP on the tree TREE (default gc), one server per codec SM share in SHARES (default "0.5 0")
