@@ -236,21 +236,17 @@ def test_step_and_codec_graphs_replaying_at_once_give_the_codec_audio_of_serial_
     step = runner._graphs[(max(runner.batch_buckets), max(runner.kv_buckets))]
     chunk = codec._graphs[(max(codec.row_buckets), max(n for _, n in codec._graphs))]
 
-    def settle():
-        codec.stream.synchronize()  # not covered by the device's synchronize on a green context (sm_share.py)
-        torch.cuda.synchronize()
-
     def replay(concurrently: bool) -> torch.Tensor:
         codec.decoder.reset()
-        settle()
+        torch.cuda.synchronize()
         for _ in range(5):
             codec.stream.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(codec.stream):
                 chunk.graph.replay()
             if not concurrently:
-                settle()
+                torch.cuda.synchronize()
             step.replay()
-        settle()
+        torch.cuda.synchronize()
         return chunk.audio.clone()
 
     def compare():

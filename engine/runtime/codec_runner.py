@@ -122,7 +122,6 @@ class CodecRunner:
                         self._capture(bucket, n)
         self.decoder.reset()
         if self.stream is not None:
-            self.stream.synchronize()  # a green context's stream (sm_share.py) is not the device's to wait for
             torch.cuda.synchronize()
         seconds = time.perf_counter() - started
         logger.info("captured {} codec CUDA graphs in {:.1f} s", len(self._graphs) - captured, seconds)

@@ -6,10 +6,10 @@ for SMs to free up, whatever the streams' priorities (docs/PERFORMANCE.md, 2026-
 codec confined to a share of the SMs, the steps always find SMs of their own.
 
 A CUDA graph keeps the SM limit of the stream it was captured on, so the codec runner captures its
-graphs on this stream. Work on a green context's stream is ordered with other streams through
-events only; `torch.cuda.synchronize()` may not wait for it (whether it does depends on the driver),
-so callers synchronize the stream itself. Needs torch's `torch.cuda.green_contexts` and a driver that
-supports them; without either, the codec shares every SM and the log says why."""
+graphs on this stream. Its work is ordered with other streams' through events, as any stream's, and
+`torch.cuda.synchronize()` waits for it too (H100, torch 2.11: docs/benchmarks/session-s41's probe).
+Needs torch's `torch.cuda.green_contexts` and a driver that supports them; without either, the codec
+shares every SM and the log says why."""
 
 from __future__ import annotations
 
