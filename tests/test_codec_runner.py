@@ -162,3 +162,62 @@ def test_every_tensor_a_graph_reads_is_kept_by_the_runner(runner):
     lost = {ptr: what for g in graphs for ptr, what in g.reads.read.items() if ptr not in kept}
     assert graphs and all(g.reads.read for g in graphs)
     assert not lost, f"read by a graph but not kept: {sorted(lost.values())}"
+
+
+def random_streams(count: int, frames: int, seed: int = 0) -> list[torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.cat([torch.randint(0, 4096, (1, frames), generator=gen),
+                       torch.randint(0, 1024, (9, frames), generator=gen)]) for _ in range(count)]
+
+
+def test_harvests_wait_while_the_calls_in_flight_are_full_then_go_out_together(runner, codec, monkeypatch):
+    """While MAX_CALLS_IN_FLIGHT calls are unfinished, harvests wait on the host with their codes
+    copied (the slots' frames move on); once a call finishes, the waiting ones of several iterations
+    go out in one call per chunk length. A row's second waiting chunk waits for the call after, so
+    each stream decodes its chunks in order: its audio is a lone decoder's, delivered in order."""
+    in_flight = [codec_runner.MAX_CALLS_IN_FLIGHT]
+    monkeypatch.setattr(runner, "_calls_in_flight", lambda: in_flight[0])
+    calls = []
+    decode = runner._decode
+    monkeypatch.setattr(runner, "_decode", lambda codes, rows, last=False: calls.append(list(rows)) or
+                        decode(codes, rows, last))
+    streams = random_streams(4, 24)
+    # Iteration 1: rows 0 and 1 start (4 frames); iteration 2: rows 2 and 3 start, row 0 goes on (4 frames).
+    plan = [[(0, 0), (1, 0)], [(2, 0), (3, 0), (0, 4)]]
+    with torch.inference_mode():
+        for harvest in plan:
+            codes = [streams[slot][:, start:start + 4].clone() for slot, start in harvest]
+            runner.submit([Harvest(slot, slot, c, first=start == 0, final=False)
+                           for (slot, start), c in zip(harvest, codes)])
+            for c in codes:
+                c.fill_(7)  # the slot's frames move on: the queued copy must not see it
+        assert calls == [] and runner.pending
+        in_flight[0] = 0
+        delivered = runner.completed(wait=True)
+    # Rows 0-3 went out in one call; row 0's second chunk in the next.
+    assert calls == [[0, 1, 2, 3], [0]]
+    assert [(d.owner, d.frames) for d in delivered] == [(0, 4), (1, 4), (2, 4), (3, 4), (0, 4)]
+    audio = {slot: np.concatenate([d.audio for d in delivered if d.owner == slot]) for slot in range(4)}
+    for slot in range(4):
+        frames = 8 if slot == 0 else 4
+        alone = StreamingDecoder(codec).decode(streams[slot][None, :, :frames])[0, 0].numpy()
+        np.testing.assert_allclose(audio[slot], alone, atol=1e-4 * np.abs(alone).max())
+    assert not runner.pending
+
+
+def test_waiting_harvests_are_named_by_discard_and_kept_when_their_launch_fails(runner, monkeypatch):
+    in_flight = [codec_runner.MAX_CALLS_IN_FLIGHT]
+    monkeypatch.setattr(runner, "_calls_in_flight", lambda: in_flight[0])
+    codes = torch.randint(0, 1024, (10, 4))
+    with torch.inference_mode():
+        runner.submit([Harvest("a", 0, codes, first=True, final=False), Harvest("b", 1, codes, first=True, final=False)])
+    assert runner.pending
+
+    def broken(harvests):
+        raise RuntimeError("launch broke")
+
+    monkeypatch.setattr(runner, "_start", broken)
+    in_flight[0] = 0
+    with pytest.raises(RuntimeError, match="launch broke"):
+        runner.completed()
+    assert runner.discard() == ["a", "b"] and not runner.pending
