@@ -25,7 +25,7 @@ from .errors import InputError
 from .loader import LoadedModels
 from .params import SamplingParams
 from .references import ReferenceCodeCache
-from .runtime.codec_runner import CodecRunner, set_up_decoder
+from .runtime.codec_runner import MAX_CALLS_IN_FLIGHT, CodecRunner, set_up_decoder
 from .runtime.kv_cache import KVCache
 from .runtime.prefix_cache import PrefixCache
 from .runtime.reference_encoder import EncodeHandle, ReferenceEncoder
@@ -112,10 +112,12 @@ class ClipEncode:
 class Synthesizer:
     def __init__(self, models: LoadedModels, reference_cache: ReferenceCodeCache, policy: CompilePolicy,
                  exact_sampling: bool, capacity: int, slots: int, prefix_cache_bytes: int, reference_frames: int,
-                 decode_priority: bool = True, codec_sm_share: float = 0.0, **admission):
+                 decode_priority: bool = True, codec_sm_share: float = 0.0, codec_calls_in_flight: int = MAX_CALLS_IN_FLIGHT,
+                 **admission):
         """capacity: KV positions per sequence; slots: sequences decoded at once; reference_frames:
         the longest reference clip, in codec frames; decode_priority: see claim_thread;
         codec_sm_share: the share of the GPU's SMs the codec may use (0: all; runtime/sm_share.py);
+        codec_calls_in_flight: the codec runner's max_in_flight;
         admission: the Scheduler's read_back_lag, admit_gather_steps and admit_min_lead_s."""
         self.models = models
         self.decode_priority = decode_priority
@@ -136,7 +138,8 @@ class Synthesizer:
         device = models.placement.device
         self._codec_stream = side_stream(device, codec_sm_share, "the codec") if device.type == "cuda" else None
         self.codec_runner = CodecRunner(models.codec, slots, self.capacity,
-                                        self._codec_stream.stream if self._codec_stream else None)
+                                        self._codec_stream.stream if self._codec_stream else None,
+                                        max_in_flight=codec_calls_in_flight)
         self.reference_encoder = ReferenceEncoder(models.codec, REFERENCE_CHUNK_FRAMES,
                                                   min(reference_frames, GRAPHED_REFERENCE_FRAMES))
         self._encoding: dict[str, ClipEncode] = {}  # reference clips being encoded or waiting to, by cache key

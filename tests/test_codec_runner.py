@@ -171,11 +171,11 @@ def random_streams(count: int, frames: int, seed: int = 0) -> list[torch.Tensor]
 
 
 def test_harvests_wait_while_the_calls_in_flight_are_full_then_go_out_together(runner, codec, monkeypatch):
-    """While MAX_CALLS_IN_FLIGHT calls are unfinished, harvests wait on the host with their codes
+    """While max_in_flight calls are unfinished, harvests wait on the host with their codes
     copied (the slots' frames move on); once a call finishes, the waiting ones of several iterations
     go out in one call per chunk length. A row's second waiting chunk waits for the call after, so
     each stream decodes its chunks in order: its audio is a lone decoder's, delivered in order."""
-    in_flight = [codec_runner.MAX_CALLS_IN_FLIGHT]
+    in_flight = [runner.max_in_flight]
     monkeypatch.setattr(runner, "_calls_in_flight", lambda: in_flight[0])
     calls = []
     decode = runner._decode
@@ -206,7 +206,7 @@ def test_harvests_wait_while_the_calls_in_flight_are_full_then_go_out_together(r
 
 
 def test_waiting_harvests_are_named_by_discard_and_kept_when_their_launch_fails(runner, monkeypatch):
-    in_flight = [codec_runner.MAX_CALLS_IN_FLIGHT]
+    in_flight = [runner.max_in_flight]
     monkeypatch.setattr(runner, "_calls_in_flight", lambda: in_flight[0])
     codes = torch.randint(0, 1024, (10, 4))
     with torch.inference_mode():
@@ -221,3 +221,13 @@ def test_waiting_harvests_are_named_by_discard_and_kept_when_their_launch_fails(
     with pytest.raises(RuntimeError, match="launch broke"):
         runner.completed()
     assert runner.discard() == ["a", "b"] and not runner.pending
+
+
+def test_no_limit_launches_every_harvest_at_once(runner, monkeypatch):
+    runner.max_in_flight = 0  # EngineConfig.codec_calls_in_flight = 0
+    monkeypatch.setattr(runner, "_calls_in_flight", lambda: 100)
+    with torch.inference_mode():
+        runner.submit([Harvest("a", 0, torch.randint(0, 1024, (10, 4)), first=True, final=False)])
+    assert not runner._queued and len(runner._pending) == 1
+    with pytest.raises(ValueError, match="max_in_flight"):
+        codec_runner.CodecRunner(runner.decoder.codec, rows=2, max_frames=16, max_in_flight=-1)

@@ -30,6 +30,7 @@ def test_env_values_are_parsed_by_type_and_overrides_win():
     ({"S1_MINI_SWITCH_INTERVAL_MS": "-0.5"}, "switch_interval_ms"),
     ({"S1_MINI_CODEC_SM_SHARE": "1"}, "codec_sm_share"),
     ({"S1_MINI_CODEC_SM_SHARE": "-0.1"}, "codec_sm_share"),
+    ({"S1_MINI_CODEC_CALLS_IN_FLIGHT": "-1"}, "codec_calls_in_flight"),
     ({"S1_MINI_READ_BACK_LAG": "0"}, "read_back_lag must be at least 1"),
     ({"S1_MINI_ADMIT_GATHER_STEPS": "-1"}, "admit_gather_steps and admit_min_lead_s must be >= 0"),
     ({"S1_MINI_ADMIT_MIN_LEAD_S": "-0.1"}, "admit_gather_steps and admit_min_lead_s must be >= 0"),

@@ -3,7 +3,7 @@
 One streaming codec decoder holds a stream (row) per KV slot. The frames harvested in one
 scheduler iteration decode together: one batched call per chunk length (the scheduler hands most
 sequences out on the same step with the same length, so there are few calls). While the codec is
-behind (MAX_CALLS_IN_FLIGHT calls unfinished), harvests wait on the host, and those of several
+behind (max_in_flight calls unfinished), harvests wait on the host, and those of several
 iterations then decode together. A sequence's first frames reset its row, starting a new utterance
 there.
 
@@ -54,10 +54,11 @@ def set_up_decoder(decoder, policy) -> None:
         tune_convs(decoder)
 
 
-# Codec calls queued on the codec's stream at most: one running and one behind it. Harvests that
-# arrive while that many are unfinished wait on the host and go out together in a later call, so a
-# codec that falls behind the decode steps gets fewer, larger calls (each costs ~2.3-2.6 ms on an
-# H100 whatever its rows: docs/PERFORMANCE.md) rather than a queue of small ones.
+# Codec calls queued on the codec's stream at most (by default; 0 = no limit): one running and one
+# behind it. Harvests that arrive while that many are unfinished wait on the host and go out
+# together in a later call, so a codec that falls behind the decode steps gets fewer, larger calls
+# (each costs ~2.3-2.6 ms on an H100 whatever its rows: docs/PERFORMANCE.md) rather than a queue of
+# small ones.
 MAX_CALLS_IN_FLIGHT = 2
 
 # Row buckets: these sizes times the powers of two (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, ...).
@@ -98,8 +99,13 @@ class _Graph:
 
 
 class CodecRunner:
-    def __init__(self, codec: ModdedDAC, rows: int, max_frames: int, stream: torch.cuda.Stream | None = None):
-        """stream (CUDA): where the codec's calls run and its graphs are captured (default: a new one)."""
+    def __init__(self, codec: ModdedDAC, rows: int, max_frames: int, stream: torch.cuda.Stream | None = None,
+                 max_in_flight: int = MAX_CALLS_IN_FLIGHT):
+        """stream (CUDA): where the codec's calls run and its graphs are captured (default: a new one);
+        max_in_flight: see MAX_CALLS_IN_FLIGHT."""
+        if max_in_flight < 0:
+            raise ValueError(f"max_in_flight must be >= 0 (0 = no limit), got {max_in_flight}")
+        self.max_in_flight = max_in_flight
         self.rows = rows
         self.decoder = StreamingDecoder(codec, batch=rows + 1)  # row `rows` is the spare one
         self.decoder.reserve(max_frames + BLOCK)
@@ -182,7 +188,7 @@ class CodecRunner:
         return bool(self._pending or self._queued)
 
     def submit(self, harvests: list[Harvest]) -> None:
-        """Decode the harvests' frames: launched now, or queued while MAX_CALLS_IN_FLIGHT calls are
+        """Decode the harvests' frames: launched now, or queued while max_in_flight calls are
         unfinished (their codes are then copied: the slots move on)."""
         self._queued.extend(harvests)
         self._launch()
@@ -191,7 +197,7 @@ class CodecRunner:
             self._queued[i] = replace(self._queued[i], codes=self._queued[i].codes.clone())
 
     def _launch(self) -> None:
-        while self._queued and self._calls_in_flight() < MAX_CALLS_IN_FLIGHT:
+        while self._queued and (not self.max_in_flight or self._calls_in_flight() < self.max_in_flight):
             batch, rows = [], set()
             # The oldest queued harvests up to a row's second one: a row decodes its chunks in order,
             # one a call, and audio leaves in the order it was harvested.
