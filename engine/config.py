@@ -73,7 +73,7 @@ class EngineConfig:
     codec_sm_share: float = 0.0
     # Codec calls unfinished on the GPU at most; later harvests wait and then decode together (fewer,
     # larger calls when the codec falls behind: engine/runtime/codec_runner.py); 0 = no limit.
-    codec_calls_in_flight: int = 2
+    codec_calls_in_flight: int = 0
 
     def __post_init__(self):
         _one_of("device", self.device.split(":")[0], DEVICES)

@@ -25,7 +25,7 @@ from .errors import InputError
 from .loader import LoadedModels
 from .params import SamplingParams
 from .references import ReferenceCodeCache
-from .runtime.codec_runner import MAX_CALLS_IN_FLIGHT, CodecRunner, set_up_decoder
+from .runtime.codec_runner import CodecRunner, set_up_decoder
 from .runtime.kv_cache import KVCache
 from .runtime.prefix_cache import PrefixCache
 from .runtime.reference_encoder import EncodeHandle, ReferenceEncoder
@@ -112,7 +112,7 @@ class ClipEncode:
 class Synthesizer:
     def __init__(self, models: LoadedModels, reference_cache: ReferenceCodeCache, policy: CompilePolicy,
                  exact_sampling: bool, capacity: int, slots: int, prefix_cache_bytes: int, reference_frames: int,
-                 decode_priority: bool = True, codec_sm_share: float = 0.0, codec_calls_in_flight: int = MAX_CALLS_IN_FLIGHT,
+                 decode_priority: bool = True, codec_sm_share: float = 0.0, codec_calls_in_flight: int = 0,
                  **admission):
         """capacity: KV positions per sequence; slots: sequences decoded at once; reference_frames:
         the longest reference clip, in codec frames; decode_priority: see claim_thread;

@@ -175,7 +175,8 @@ def test_harvests_wait_while_the_calls_in_flight_are_full_then_go_out_together(r
     copied (the slots' frames move on); once a call finishes, the waiting ones of several iterations
     go out in one call per chunk length. A row's second waiting chunk waits for the call after, so
     each stream decodes its chunks in order: its audio is a lone decoder's, delivered in order."""
-    in_flight = [runner.max_in_flight]
+    runner.max_in_flight = 2  # EngineConfig.codec_calls_in_flight
+    in_flight = [2]
     monkeypatch.setattr(runner, "_calls_in_flight", lambda: in_flight[0])
     calls = []
     decode = runner._decode
@@ -206,7 +207,8 @@ def test_harvests_wait_while_the_calls_in_flight_are_full_then_go_out_together(r
 
 
 def test_waiting_harvests_are_named_by_discard_and_kept_when_their_launch_fails(runner, monkeypatch):
-    in_flight = [runner.max_in_flight]
+    runner.max_in_flight = 2  # EngineConfig.codec_calls_in_flight
+    in_flight = [2]
     monkeypatch.setattr(runner, "_calls_in_flight", lambda: in_flight[0])
     codes = torch.randint(0, 1024, (10, 4))
     with torch.inference_mode():
@@ -224,7 +226,7 @@ def test_waiting_harvests_are_named_by_discard_and_kept_when_their_launch_fails(
 
 
 def test_no_limit_launches_every_harvest_at_once(runner, monkeypatch):
-    runner.max_in_flight = 0  # EngineConfig.codec_calls_in_flight = 0
+    assert runner.max_in_flight == 0  # the default: EngineConfig.codec_calls_in_flight = 0
     monkeypatch.setattr(runner, "_calls_in_flight", lambda: 100)
     with torch.inference_mode():
         runner.submit([Harvest("a", 0, torch.randint(0, 1024, (10, 4)), first=True, final=False)])

@@ -54,13 +54,6 @@ def set_up_decoder(decoder, policy) -> None:
         tune_convs(decoder)
 
 
-# Codec calls queued on the codec's stream at most (by default; 0 = no limit): one running and one
-# behind it. Harvests that arrive while that many are unfinished wait on the host and go out
-# together in a later call, so a codec that falls behind the decode steps gets fewer, larger calls
-# (each costs ~2.3-2.6 ms on an H100 whatever its rows: docs/PERFORMANCE.md) rather than a queue of
-# small ones.
-MAX_CALLS_IN_FLIGHT = 2
-
 # Row buckets: these sizes times the powers of two (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, ...).
 ROW_BUCKET_STEPS = (2, 3)
 
@@ -100,9 +93,13 @@ class _Graph:
 
 class CodecRunner:
     def __init__(self, codec: ModdedDAC, rows: int, max_frames: int, stream: torch.cuda.Stream | None = None,
-                 max_in_flight: int = MAX_CALLS_IN_FLIGHT):
-        """stream (CUDA): where the codec's calls run and its graphs are captured (default: a new one);
-        max_in_flight: see MAX_CALLS_IN_FLIGHT."""
+                 max_in_flight: int = 0):
+        """stream (CUDA): where the codec's calls run and its graphs are captured (default: a new one).
+        max_in_flight: codec calls unfinished on the GPU at most (0 = no limit; 2 = one running and one
+        behind it). Harvests that arrive while that many are unfinished wait on the host and go out
+        together in a later call, so a codec that falls behind the decode steps gets fewer, larger
+        calls (each costs ~2.3-2.6 ms on an H100 whatever its rows: docs/PERFORMANCE.md) rather than a
+        queue of small ones."""
         if max_in_flight < 0:
             raise ValueError(f"max_in_flight must be >= 0 (0 = no limit), got {max_in_flight}")
         self.max_in_flight = max_in_flight

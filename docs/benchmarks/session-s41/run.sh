@@ -28,8 +28,10 @@
 #           green context's stream (green_sync_probe.py)
 #   greentests (the same): the GPU tests comparing the codec's audio with the codec on half of the SMs
 #           against serial replays and a lone decoder
-#   share (session s41; carry .gc): over HTTP, one server per EngineConfig.codec_sm_share in SHARES
-#           (default "0.5 0") on the tree TREE (default gc), the sustained mix twice and one stream
+#   share (session s41; carry .gc): over HTTP, one server per setting in SHARES on the tree TREE
+#           (default gc; main has both settings since): EngineConfig.codec_sm_share, then after a colon
+#           codec_calls_in_flight (default "0.6:0 0.6:2 0:2 0:0"; call 4 ran SHARES=0.5, the calls
+#           setting came after it), the sustained mix twice and one stream
 # Every server part runs `serve` below (the http, admission and allag parts as before, with one function).
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 S1_COMMIT=${S1_COMMIT:?set S1_COMMIT to the commit under test}
@@ -104,9 +106,12 @@ for PART in ${PARTS:?name the parts}; do
     (cd $(dir_of gc) && S1_FIXTURES_DIR=$ROOT/tests/fixtures PYTHONPATH=/tmp/site:. timeout 300 python -m pytest -q -p no:cacheprovider -m gpu \
       tests/test_gpu.py -k "graphed_batched_codec or replaying_at_once" tests/test_engine_batching.py 2>&1 | tail -8) ;;
   share)
-    # over HTTP on the tree TREE (default gc), one server per codec SM share in SHARES (default "0.5 0")
-    for share in ${SHARES:-0.5 0}; do
-      (cd $(dir_of ${TREE:-gc}) && S1_MINI_CODEC_SM_SHARE=$share serve share$share --gpu-events one)
+    # over HTTP on the tree TREE (default gc), one server per setting in SHARES, each the codec's SM
+    # share and, after a colon, its calls in flight (0 when left out: no limit)
+    for setting in ${SHARES:-0.6:0 0.6:2 0:2 0:0}; do
+      share=${setting%%:*}; calls=0; [ "$setting" != "$share" ] && calls=${setting##*:}
+      tag=share$share; [ $calls != 0 ] && tag=$tag-calls$calls
+      (cd $(dir_of ${TREE:-gc}) && S1_MINI_CODEC_SM_SHARE=$share S1_MINI_CODEC_CALLS_IN_FLIGHT=$calls serve $tag --gpu-events one)
     done ;;
   esac
   pack
