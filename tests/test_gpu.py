@@ -120,12 +120,14 @@ def test_codebook_0_beside_fast_position_0_gives_the_codes_of_one_stream(tiny_mo
     assert torch.equal(codes(True), codes(False))
 
 
-@pytest.mark.parametrize("sm_share", [0.0, 0.5])
-def test_graphed_batched_codec_decodes_each_stream_like_a_lone_decoder(sm_share):
+@pytest.mark.parametrize("sm_share,max_in_flight", [(0.0, 0), (0.5, 0), (0.0, 1)])
+def test_graphed_batched_codec_decodes_each_stream_like_a_lone_decoder(sm_share, max_in_flight):
     """Streams starting at different times, decoded together by the codec runner (graphs for the
     chunk lengths 4 and 16 and for a padded last chunk, eager for an odd length mid-stream),
     against each stream decoded alone and eagerly in the same pieces; on every SM, and with the
-    runner's stream (so its graphs) on half of them, as EngineConfig.codec_sm_share runs it."""
+    runner's stream (so its graphs) on half of them, as EngineConfig.codec_sm_share runs it; and
+    with the harvests waiting on the host (max_in_flight 1, the codec's stream held up while they
+    are submitted), launched by `completed` as calls finish."""
     from engine.model.codec_stream import StreamingDecoder
     from engine.runtime.codec_runner import CodecRunner
     from engine.runtime.scheduler import Harvest
@@ -135,7 +137,7 @@ def test_graphed_batched_codec_decodes_each_stream_like_a_lone_decoder(sm_share)
     side = side_stream(torch.device("cuda"), sm_share, "the test's codec")
     if sm_share and side.sms is None:
         pytest.skip("no green contexts with this torch or driver (the log says why)")
-    runner = CodecRunner(codec, rows=4, max_frames=256, stream=side.stream)
+    runner = CodecRunner(codec, rows=4, max_frames=256, stream=side.stream, max_in_flight=max_in_flight)
     runner.prepare()
     gen = torch.Generator().manual_seed(0)
     streams = {slot: torch.cat([torch.randint(0, 4096, (1, 60), generator=gen),
@@ -145,13 +147,24 @@ def test_graphed_batched_codec_decodes_each_stream_like_a_lone_decoder(sm_share)
             [(0, 20, 16, False), (2, 4, 16, False), (3, 0, 7, False)],
             [(0, 36, 9, True), (2, 20, 16, False), (3, 7, 16, False)]]
     pieces = {slot: [] for slot in streams}
+
+    def drain():
+        while runner.pending:
+            for item in runner.completed(wait=True):
+                pieces[item.owner].append(item.audio)
+
     with torch.inference_mode():
+        if max_in_flight:
+            with torch.cuda.stream(runner.stream):
+                torch.cuda._sleep(200_000_000)  # ~0.1 s: the first call stays unfinished while the rest queue
         for harvest in plan:
             runner.submit([Harvest(slot, slot, streams[slot][:, a:a + n], first=a == 0, final=final)
                            for slot, a, n, final in harvest])
-            while runner.pending:
-                for item in runner.completed(wait=True):
-                    pieces[item.owner].append(item.audio)
+            if max_in_flight:
+                assert len(runner._pending) == 1, "later harvests should wait on the host"
+            else:
+                drain()
+        drain()
         for slot, code in streams.items():
             lone = StreamingDecoder(codec)
             alone = np.concatenate([lone.decode(code[None, :, a:a + n])[0, 0].cpu().numpy()
