@@ -26,8 +26,8 @@
 #           work between two read-backs was 22-23 ms p90, more than the two steps queued at lag 2.
 #   probe (session s41; carry .gc, branch green-codec): whether the device's synchronize waits for a
 #           green context's stream (green_sync_probe.py)
-#   greentests (the same): the GPU tests comparing the codec's audio with the codec on half of the SMs
-#           against serial replays and a lone decoder
+#   greentests: test_engine_batching.py's GPU tests on the engine with the codec on half of the SMs
+#           (call 4: the audio tests only, from .gc; gputests leaves them out since)
 #   share (session s41; carry .gc): over HTTP, one server per setting in SHARES on the tree TREE
 #           (default gc; main has both settings since): EngineConfig.codec_sm_share, then after a colon
 #           codec_calls_in_flight (default "0.6:0 0.6:2 0:2 0:0"; call 4 ran SHARES=0.5, the calls
@@ -70,8 +70,11 @@ for PART in ${PARTS:?name the parts}; do
     PYTHONPATH=/tmp/site:. timeout 240 python scripts/profile_codec_calls.py --weights random \
       --row-buckets 1,2,3,4,6,8,12,16,24,32,48,64 --json $R/codec-calls.json 2>&1 | grep -v Warn ;;
   gputests)
+    # (since session s41's calls, test_engine_batching.py's engines include one with the codec on half of
+    # the SMs: its tests run in greentests, as they would not fit one call with the rest)
     (cd $(dir_of ${TREE:-main}) && S1_FIXTURES_DIR=$ROOT/tests/fixtures PYTHONPATH=/tmp/site:. timeout 500 python -m pytest -q \
-      -p no:cacheprovider -m gpu tests/test_gpu.py tests/test_engine_batching.py tests/test_codec_runner.py 2>&1 | tail -6) ;;
+      -p no:cacheprovider -m gpu -k "not codec-sm-share" tests/test_gpu.py tests/test_engine_batching.py tests/test_codec_runner.py \
+      2>&1 | tail -6) ;;
   trees)
     n=0
     for tree in ${TREES:-main rb al}; do
@@ -103,8 +106,10 @@ for PART in ${PARTS:?name the parts}; do
     (cd $(dir_of gc) && PYTHONPATH=/tmp/site:. timeout 60 python $ROOT/docs/benchmarks/session-s41/green_sync_probe.py \
       | tee $R/green-sync-probe.json) ;;
   greentests)
-    (cd $(dir_of gc) && S1_FIXTURES_DIR=$ROOT/tests/fixtures PYTHONPATH=/tmp/site:. timeout 300 python -m pytest -q -p no:cacheprovider -m gpu \
-      tests/test_gpu.py -k "graphed_batched_codec or replaying_at_once" tests/test_engine_batching.py 2>&1 | tail -8) ;;
+    # call 4 ran, from .gc: pytest -m gpu tests/test_gpu.py -k "graphed_batched_codec or replaying_at_once"
+    # tests/test_engine_batching.py; since: every test of the engine with the codec on half of the SMs
+    (cd $(dir_of ${TREE:-main}) && S1_FIXTURES_DIR=$ROOT/tests/fixtures PYTHONPATH=/tmp/site:. timeout 500 python -m pytest -q \
+      -p no:cacheprovider -m gpu -k "codec-sm-share" tests/test_engine_batching.py 2>&1 | tail -6) ;;
   share)
     # over HTTP on the tree TREE (default gc), one server per setting in SHARES, each the codec's SM
     # share and, after a colon, its calls in flight (0 when left out: no limit)
