@@ -277,26 +277,34 @@ def pace_lines(spans: list[list]) -> list[str]:
     return lines
 
 
-def gpu_lines(spans: list[list]) -> list[str]:
-    """From --gpu-events spans: the share of the time the GPU had work queued (the union of the
-    spans, from the first one's start to the last one's end) and its idle gaps; a step's and a codec
-    call's span (a codec span includes the steps that ran inside it)."""
-    gpu = sorted((s for s in spans if s[1] == "gpu"), key=lambda s: s[2])
-    if not gpu:
-        return []
+def covered(spans: list[list]) -> tuple[float, list[float]]:
+    """The seconds the spans (sorted by start) cover together, and the gaps between them (ms, sorted)."""
     busy, gaps = 0.0, []
-    start, end = gpu[0][2], gpu[0][3]
-    for s in gpu[1:]:
+    start, end = spans[0][2], spans[0][3]
+    for s in spans[1:]:
         if s[2] > end:
             busy += end - start
             gaps.append((s[2] - end) * 1000)
             start = s[2]
         end = max(end, s[3])
-    busy += end - start
+    return busy + end - start, sorted(gaps)
+
+
+def gpu_lines(spans: list[list]) -> list[str]:
+    """From --gpu-events spans: the share of the time the GPU had work queued (the union of the
+    spans, from the first one's start to the last one's end) and its idle gaps; a step's and a codec
+    call's span (a codec span includes the steps that ran inside it), and the share of the time the
+    codec's stream had a call (near all of it: the codec is behind the decode steps)."""
+    gpu = sorted((s for s in spans if s[1] == "gpu"), key=lambda s: s[2])
+    if not gpu:
+        return []
+    busy, gaps = covered(gpu)
     total = max(s[3] for s in gpu) - gpu[0][2]
-    gaps.sort()
     lines = [f"GPU with work: {100 * busy / total:.1f}% of {total:.2f} s; idle {total - busy:.3f} s in {len(gaps)} gaps "
              f"({sum(g > 1 for g in gaps)} over 1 ms, longest {gaps[-1] if gaps else 0:.1f} ms)"]
+    codec_spans = [s for s in gpu if s[0] == "gpu_codec"]
+    if codec_spans:
+        lines.append(f"the codec's stream with a call: {100 * covered(codec_spans)[0] / total:.1f}% of the time")
     steps = sorted((s[3] - s[2]) * 1000 for s in gpu if s[0] == "gpu_step")
     if steps:
         lines.append(f"gpu_step: {len(steps)} spans, p50 {statistics.median(steps):.2f} ms")

@@ -133,6 +133,7 @@ def test_the_gpu_summary_gives_the_union_of_the_gpu_spans_and_its_idle_gaps():
     assert "gpu_step: 2 spans, p50 4.00 ms" in lines
     assert "gpu_codec, 4 frames: 1 calls of 4.0 rows, span p50 3.60 ms" in lines
     assert "gpu_codec, 32 frames: 1 calls of 8.0 rows, span p50 8.00 ms" in lines
+    assert "the codec's stream with a call: 58.0% of the time" in lines  # 8 + 3.6 ms of 20
     assert trace_worker.gpu_lines(spans[-1:]) == []
 
 
