@@ -10,7 +10,7 @@ API's own request model, then TTSEngine.synthesize_stream), to tell the HTTP lay
 --engine-option FIELD=VALUE sets its EngineConfig (e.g. decode_priority=false), for A/B runs.
 
 At each level, that many clients at once each send --requests-per-client streaming requests (raw
-PCM) back to back. Texts are unique; a third of the requests use one of two saved voices (shared:
+PCM) back to back (--length-spread varies their lengths). Texts are unique; a third of the requests use one of two saved voices (shared:
 their prefix is reused), a third carry their own inline reference clip (distinct voices; --distinct-clips N reuses N of them), and the
 rest use the model's own voice; each level also reports its percentiles per kind of voice. Per request: time to first audio (first PCM bytes at the client),
 real-time factor (wall time / audio duration), audio seconds, underrun (how long a listener who
@@ -79,9 +79,19 @@ def clip_number(n: int, distinct_clips: int) -> int:
     return n if not distinct_clips else 3 * ((n // 3) % distinct_clips) + 1
 
 
+def frames_for(n: int, args) -> int:
+    """Request n's max_new_tokens: --max-new-tokens, spread by up to +-length_spread of it (the same
+    for n on every run). Random weights never sample the end of speech, so every request would run
+    to the same length, and the requests admitted together would all end together."""
+    if not args.length_spread:
+        return args.max_new_tokens
+    offset = np.random.default_rng(n).uniform(-1, 1)
+    return max(1, round(args.max_new_tokens * (1 + args.length_spread * offset)))
+
+
 def request_body(n: int, args) -> dict:
     body = {"text": f"{TEXT} This is request number {n}.", "streaming": True, "format": "pcm",
-            "max_new_tokens": args.max_new_tokens, "seed": n}
+            "max_new_tokens": frames_for(n, args), "seed": n}
     kind = voice_kind(n)
     if kind == "saved_voice":
         body["reference_id"] = SHARED_VOICES[n % 2]
@@ -270,6 +280,10 @@ def main(argv=None) -> int:
     p.add_argument("--levels", default="1,4,16,64")
     p.add_argument("--requests-per-client", type=int, default=2)
     p.add_argument("--max-new-tokens", type=int, default=215, help="frames per request at most (~10 s)")
+    p.add_argument("--length-spread", type=float, default=0.0,
+                   help="spread each request's --max-new-tokens uniformly by up to this share of it, fixed per "
+                        "request (e.g. 0.2: 80-120%%), as real speech varies; with random weights every request "
+                        "otherwise runs to the same length")
     p.add_argument("--reference-seconds", type=float, default=10.0)
     p.add_argument("--distinct-clips", type=int, default=0,
                    help="inline clips cycle through this many (0: every request sends a clip the server has not "
@@ -287,6 +301,8 @@ def main(argv=None) -> int:
         p.error(str(exc))
     if args.distinct_clips < 0:
         p.error(f"--distinct-clips must be 0 or more, got {args.distinct_clips}")
+    if not 0 <= args.length_spread < 1:
+        p.error(f"--length-spread must be at least 0 and below 1, got {args.length_spread}")
     levels = [int(x) for x in args.levels.split(",") if x.strip()]
     if args.in_process:
         results = run_in_process(settle_weights(p, args), levels)

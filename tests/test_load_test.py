@@ -101,6 +101,7 @@ class _Args:
     max_new_tokens = 8
     reference_seconds = 1.0
     distinct_clips = 0
+    length_spread = 0.0
 
 
 def test_underrun_counts_the_waits_of_a_listener_playing_in_real_time():
@@ -124,3 +125,17 @@ def test_distinct_clips_bounds_the_inline_clips_a_level_sends():
     assert len(clips(7)) == 7
     with pytest.raises(SystemExit):
         load_test.main(["--distinct-clips", "-1"])
+
+
+def test_length_spread_varies_each_request_s_frames_the_same_way_on_every_run():
+    args = _Args()
+    args.max_new_tokens = 200
+    assert {load_test.request_body(n, args)["max_new_tokens"] for n in range(50)} == {200}
+    args.length_spread = 0.2
+    frames = [load_test.request_body(n, args)["max_new_tokens"] for n in range(200)]
+    assert frames == [load_test.request_body(n, args)["max_new_tokens"] for n in range(200)]
+    assert min(frames) >= 160 and max(frames) <= 240 and len(set(frames)) > 30
+    assert abs(sum(frames) / len(frames) - 200) < 6  # as much audio on average
+    for bad in ("-0.1", "1"):
+        with pytest.raises(SystemExit):
+            load_test.main(["--length-spread", bad])

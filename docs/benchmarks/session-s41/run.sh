@@ -43,9 +43,11 @@ pack() { tar -czf $OUT/s41-${PARTS// /-}.tar.gz -C /tmp s41; }
 # serve TAG [--gpu-events] [one]: a server of the tree in the current directory, with the settings in
 # the environment, under trace_worker; a warm-up level on a fresh machine (its first level was the slowest of
 # session s40's calls; not counted), the sustained mix twice (64 clients x 8), with "one" one stream's
-# first audio; then its tracebacks counted and everything packed.
+# first audio; then its tracebacks counted and everything packed. LOAD_ARGS: more load_test.py arguments for
+# the sustained levels (e.g. "--length-spread 0.2", added after session s41's calls), LOAD_TAG: a suffix for
+# the files' names.
 serve() {
-  local tag=$1 events=$2 one=$3
+  local tag=$1${LOAD_TAG:+-$LOAD_TAG} events=$2 one=$3
   [ "$events" = one ] && { events=; one=one; }
   PYTHONPATH=/tmp/site:. python scripts/trace_worker.py $events --out $R/trace-$tag.json launch.py --random-weights --no-ui \
     > $R/server-$tag.txt 2>&1 &
@@ -53,7 +55,7 @@ serve() {
   until curl -sf http://127.0.0.1:7860/ready > /dev/null; do kill -0 $pid 2>/dev/null || return 1; sleep 1; done
   lt() { PYTHONPATH=/tmp/site:. timeout 150 python scripts/load_test.py "$@" 2>&1 | grep -E "streams:" | sed "s/^/$tag: /"; }
   [ -e $R/warmed ] || { lt --levels 64 --requests-per-client 4 | sed "s/^/warm-up, not counted: /"; touch $R/warmed; }
-  lt --levels 64,64 --requests-per-client 8 --distinct-clips 21 --json $R/http-sustained8-$tag.json
+  lt --levels 64,64 --requests-per-client 8 --distinct-clips 21 $LOAD_ARGS --json $R/http-sustained8-$tag.json
   [ -n "$one" ] && lt --levels 1 --requests-per-client 20 --json $R/http-one-$tag.json
   kill -INT $pid; wait $pid
   echo "$tag tracebacks: $(grep -c Traceback $R/server-$tag.txt)"
