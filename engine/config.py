@@ -71,8 +71,9 @@ class EngineConfig:
     # CUDA: the share of the GPU's SMs the codec's chunks may use (a green context), so that they
     # overlap the decode steps instead of taking turns with them; 0 = every SM (engine/runtime/sm_share.py).
     codec_sm_share: float = 0.0
-    # Codec calls unfinished on the GPU at most; later harvests wait and then decode together (fewer,
-    # larger calls when the codec falls behind: engine/runtime/codec_runner.py); 0 = no limit.
+    # Codec launches (a call per chunk length each) unfinished on the GPU at most; later harvests wait
+    # and then decode together (fewer, larger calls when the codec falls behind:
+    # engine/runtime/codec_runner.py); 0 = no limit.
     codec_calls_in_flight: int = 0
 
     def __post_init__(self):

@@ -170,14 +170,14 @@ def random_streams(count: int, frames: int, seed: int = 0) -> list[torch.Tensor]
                        torch.randint(0, 1024, (9, frames), generator=gen)]) for _ in range(count)]
 
 
-def test_harvests_wait_while_the_calls_in_flight_are_full_then_go_out_together(runner, codec, monkeypatch):
-    """While max_in_flight calls are unfinished, harvests wait on the host with their codes
+def test_harvests_wait_while_the_launches_in_flight_are_full_then_go_out_together(runner, codec, monkeypatch):
+    """While max_in_flight launches are unfinished, harvests wait on the host with their codes
     copied (the slots' frames move on); once a call finishes, the waiting ones of several iterations
     go out in one call per chunk length. A row's second waiting chunk waits for the call after, so
     each stream decodes its chunks in order: its audio is a lone decoder's, delivered in order."""
     runner.max_in_flight = 2  # EngineConfig.codec_calls_in_flight
     in_flight = [2]
-    monkeypatch.setattr(runner, "_calls_in_flight", lambda: in_flight[0])
+    monkeypatch.setattr(runner, "_launches_in_flight", lambda: in_flight[0])
     calls = []
     decode = runner._decode
     monkeypatch.setattr(runner, "_decode", lambda codes, rows, last=False: calls.append(list(rows)) or
@@ -185,16 +185,18 @@ def test_harvests_wait_while_the_calls_in_flight_are_full_then_go_out_together(r
     streams = random_streams(4, 24)
     # Iteration 1: rows 0 and 1 start (4 frames); iteration 2: rows 2 and 3 start, row 0 goes on (4 frames).
     plan = [[(0, 0), (1, 0)], [(2, 0), (3, 0), (0, 4)]]
-    with torch.inference_mode():
-        for harvest in plan:
+    # As in the engine: the frames are inference tensors, and submit and completed run outside inference mode.
+    for harvest in plan:
+        with torch.inference_mode():
             codes = [streams[slot][:, start:start + 4].clone() for slot, start in harvest]
-            runner.submit([Harvest(slot, slot, c, first=start == 0, final=False)
-                           for (slot, start), c in zip(harvest, codes)])
+        runner.submit([Harvest(slot, slot, c, first=start == 0, final=False)
+                       for (slot, start), c in zip(harvest, codes)])
+        with torch.inference_mode():
             for c in codes:
                 c.fill_(7)  # the slot's frames move on: the queued copy must not see it
-        assert calls == [] and runner.pending
-        in_flight[0] = 0
-        delivered = runner.completed(wait=True)
+    assert calls == [] and runner.pending
+    in_flight[0] = 0
+    delivered = runner.completed(wait=True)
     # Rows 0-3 went out in one call; row 0's second chunk in the next.
     assert calls == [[0, 1, 2, 3], [0]]
     assert [(d.owner, d.frames) for d in delivered] == [(0, 4), (1, 4), (2, 4), (3, 4), (0, 4)]
@@ -209,7 +211,7 @@ def test_harvests_wait_while_the_calls_in_flight_are_full_then_go_out_together(r
 def test_waiting_harvests_are_named_by_discard_and_kept_when_their_launch_fails(runner, monkeypatch):
     runner.max_in_flight = 2  # EngineConfig.codec_calls_in_flight
     in_flight = [2]
-    monkeypatch.setattr(runner, "_calls_in_flight", lambda: in_flight[0])
+    monkeypatch.setattr(runner, "_launches_in_flight", lambda: in_flight[0])
     codes = torch.randint(0, 1024, (10, 4))
     with torch.inference_mode():
         runner.submit([Harvest("a", 0, codes, first=True, final=False), Harvest("b", 1, codes, first=True, final=False)])
@@ -227,7 +229,7 @@ def test_waiting_harvests_are_named_by_discard_and_kept_when_their_launch_fails(
 
 def test_no_limit_launches_every_harvest_at_once(runner, monkeypatch):
     assert runner.max_in_flight == 0  # the default: EngineConfig.codec_calls_in_flight = 0
-    monkeypatch.setattr(runner, "_calls_in_flight", lambda: 100)
+    monkeypatch.setattr(runner, "_launches_in_flight", lambda: 100)
     with torch.inference_mode():
         runner.submit([Harvest("a", 0, torch.randint(0, 1024, (10, 4)), first=True, final=False)])
     assert not runner._queued and len(runner._pending) == 1

@@ -3,7 +3,7 @@
 One streaming codec decoder holds a stream (row) per KV slot. The frames harvested in one
 scheduler iteration decode together: one batched call per chunk length (the scheduler hands most
 sequences out on the same step with the same length, so there are few calls). While the codec is
-behind (max_in_flight calls unfinished), harvests wait on the host, and those of several
+behind (max_in_flight launches unfinished), harvests wait on the host, and those of several
 iterations then decode together. A sequence's first frames reset its row, starting a new utterance
 there.
 
@@ -95,9 +95,10 @@ class CodecRunner:
     def __init__(self, codec: ModdedDAC, rows: int, max_frames: int, stream: torch.cuda.Stream | None = None,
                  max_in_flight: int = 0):
         """stream (CUDA): where the codec's calls run and its graphs are captured (default: a new one).
-        max_in_flight: codec calls unfinished on the GPU at most (0 = no limit; 2 = one running and one
-        behind it). Harvests that arrive while that many are unfinished wait on the host and go out
-        together in a later call, so a codec that falls behind the decode steps gets fewer, larger
+        max_in_flight: launches unfinished on the GPU at most (0 = no limit; 2 = one running and one
+        behind it), a launch being one codec call per chunk length among the harvests it takes.
+        Harvests that arrive while that many are unfinished wait on the host and go out together in a
+        later launch, so a codec that falls behind the decode steps gets fewer, larger
         calls (each costs ~2.3-2.6 ms on an H100 whatever its rows: docs/PERFORMANCE.md) rather than a
         queue of small ones."""
         if max_in_flight < 0:
@@ -111,7 +112,7 @@ class CodecRunner:
         self.device = device
         self.stream = (stream or torch.cuda.Stream(device)) if device.type == "cuda" else None
         self._pending: deque[_Pending] = deque()  # launched; taken off once their audio is read back
-        self._queued: deque[Harvest] = deque()  # waiting for room among the calls in flight, oldest first
+        self._queued: deque[Harvest] = deque()  # waiting for room among the launches in flight, oldest first
         self._graphs: dict[tuple[int, int], _Graph] = {}
         self._pool = None  # every codec graph shares one memory pool
         self.row_buckets = codec_row_buckets(rows)
@@ -185,7 +186,7 @@ class CodecRunner:
         return bool(self._pending or self._queued)
 
     def submit(self, harvests: list[Harvest]) -> None:
-        """Decode the harvests' frames: launched now, or queued while max_in_flight calls are
+        """Decode the harvests' frames: launched now, or queued while max_in_flight launches are
         unfinished (their codes are then copied: the slots move on)."""
         self._queued.extend(harvests)
         self._launch()
@@ -194,7 +195,7 @@ class CodecRunner:
             self._queued[i] = replace(self._queued[i], codes=self._queued[i].codes.clone())
 
     def _launch(self) -> None:
-        while self._queued and (not self.max_in_flight or self._calls_in_flight() < self.max_in_flight):
+        while self._queued and (not self.max_in_flight or self._launches_in_flight() < self.max_in_flight):
             batch, rows = [], set()
             # The oldest queued harvests up to a row's second one: a row decodes its chunks in order,
             # one a call, and audio leaves in the order it was harvested.
@@ -207,7 +208,7 @@ class CodecRunner:
                 self._queued.extendleft(reversed(batch))  # still the runner's: `discard` names their owners
                 raise
 
-    def _calls_in_flight(self) -> int:
+    def _launches_in_flight(self) -> int:
         return sum(1 for item in self._pending if item.ready is not None and not item.ready.query())
 
     @torch.inference_mode()
