@@ -24,12 +24,12 @@
 #   allag (added after session s40's calls, not yet run; carry .al): over HTTP on aligned-blocks, one
 #           server per read-back lag in LAGS (default "3 4"), each the sustained mix twice: its host
 #           work between two read-backs was 22-23 ms p90, more than the two steps queued at lag 2.
-#   probe (session s41; carry .gc, branch green-codec): whether the device's synchronize waits for a
-#           green context's stream (green_sync_probe.py)
+#   probe (session s41; call 4 carried .gc, branch green-codec, merged since): whether the device's
+#           synchronize waits for a green context's stream (green_sync_probe.py)
 #   greentests: test_engine_batching.py's GPU tests on the engine with the codec on half of the SMs
 #           (call 4: the audio tests only, from .gc; gputests leaves them out since)
-#   share (session s41; carry .gc): over HTTP, one server per setting in SHARES on the tree TREE
-#           (default gc; main has both settings since): EngineConfig.codec_sm_share, then after a colon
+#   share (session s41; call 4 carried .gc): over HTTP, one server per setting in SHARES on the tree TREE
+#           (default main, which has both settings since): EngineConfig.codec_sm_share, then after a colon
 #           codec_calls_in_flight (default "0.6:0 0.6:2 0:2 0:0"; call 4 ran SHARES=0.5, the calls
 #           setting came after it), the sustained mix twice and one stream
 # Every server part runs `serve` below (the http, admission and allag parts as before, with one function).
@@ -105,7 +105,7 @@ for PART in ${PARTS:?name the parts}; do
       (cd $(dir_of al) && S1_MINI_READ_BACK_LAG=$lag serve al-lag$lag --gpu-events)
     done ;;
   probe)
-    (cd $(dir_of gc) && PYTHONPATH=/tmp/site:. timeout 60 python $ROOT/docs/benchmarks/session-s41/green_sync_probe.py \
+    (cd $(dir_of ${TREE:-main}) && PYTHONPATH=/tmp/site:. timeout 60 python $ROOT/docs/benchmarks/session-s41/green_sync_probe.py \
       | tee $R/green-sync-probe.json) ;;
   greentests)
     # call 4 ran, from .gc: pytest -m gpu tests/test_gpu.py -k "graphed_batched_codec or replaying_at_once"
@@ -113,12 +113,12 @@ for PART in ${PARTS:?name the parts}; do
     (cd $(dir_of ${TREE:-main}) && S1_FIXTURES_DIR=$ROOT/tests/fixtures PYTHONPATH=/tmp/site:. timeout 500 python -m pytest -q \
       -p no:cacheprovider -m gpu -k "codec-sm-share" tests/test_engine_batching.py 2>&1 | tail -6) ;;
   share)
-    # over HTTP on the tree TREE (default gc), one server per setting in SHARES, each the codec's SM
+    # over HTTP on the tree TREE (default main), one server per setting in SHARES, each the codec's SM
     # share and, after a colon, its calls in flight (0 when left out: no limit)
     for setting in ${SHARES:-0.6:0 0.6:2 0:2 0:0}; do
       share=${setting%%:*}; calls=0; [ "$setting" != "$share" ] && calls=${setting##*:}
       tag=share$share; [ $calls != 0 ] && tag=$tag-calls$calls
-      (cd $(dir_of ${TREE:-gc}) && S1_MINI_CODEC_SM_SHARE=$share S1_MINI_CODEC_CALLS_IN_FLIGHT=$calls serve $tag --gpu-events one)
+      (cd $(dir_of ${TREE:-main}) && S1_MINI_CODEC_SM_SHARE=$share S1_MINI_CODEC_CALLS_IN_FLIGHT=$calls serve $tag --gpu-events one)
     done ;;
   esac
   pack
