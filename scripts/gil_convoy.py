@@ -47,8 +47,8 @@ def main(argv=None) -> int:
 
     torch.set_num_threads(1)
     # One request of each kind (saved voice, 10 s inline clip, no voice), as the load test sends them.
-    args = SimpleNamespace(max_new_tokens=215, reference_seconds=10.0, distinct_clips=0, length_spread=0.0)
-    bodies = [json.dumps(request_body(n, args)).encode() for n in range(3)]
+    load_args = SimpleNamespace(max_new_tokens=215, reference_seconds=10.0, distinct_clips=0, length_spread=0.0)
+    bodies = [json.dumps(request_body(n, load_args)).encode() for n in range(3)]
     tensor = torch.ones(8)
 
     def worker_ms() -> float:
