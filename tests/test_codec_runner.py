@@ -70,6 +70,12 @@ def storages_reachable(root) -> set[int]:
     return found
 
 
+def random_streams(count: int, frames: int, seed: int = 0) -> list[torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.cat([torch.randint(0, 4096, (1, frames), generator=gen),
+                       torch.randint(0, 1024, (9, frames), generator=gen)]) for _ in range(count)]
+
+
 @pytest.fixture(scope="module")
 def codec():
     return load_models(EngineConfig(demo=True, device="cpu")).codec
@@ -113,9 +119,7 @@ def test_padded_replays_leave_real_streams_alone_and_the_spare_row_bounded(runne
     """Five streams in a bucket of six, twelve 16-frame chunks: every replay has one padded row on
     the spare stream. Before each replay reset the spare row, its position grew by 16 a replay until
     the RoPE gather ran past the table (a device assert on the H100 under sustained load)."""
-    gen = torch.Generator().manual_seed(0)
-    streams = [torch.cat([torch.randint(0, 4096, (1, 192), generator=gen),
-                          torch.randint(0, 1024, (9, 192), generator=gen)]) for _ in range(5)]
+    streams = random_streams(5, 192)
     pieces = [[] for _ in streams]
     with torch.inference_mode():
         for call in range(12):
@@ -162,12 +166,6 @@ def test_every_tensor_a_graph_reads_is_kept_by_the_runner(runner):
     lost = {ptr: what for g in graphs for ptr, what in g.reads.read.items() if ptr not in kept}
     assert graphs and all(g.reads.read for g in graphs)
     assert not lost, f"read by a graph but not kept: {sorted(lost.values())}"
-
-
-def random_streams(count: int, frames: int, seed: int = 0) -> list[torch.Tensor]:
-    gen = torch.Generator().manual_seed(seed)
-    return [torch.cat([torch.randint(0, 4096, (1, frames), generator=gen),
-                       torch.randint(0, 1024, (9, frames), generator=gen)]) for _ in range(count)]
 
 
 def test_harvests_wait_while_the_launches_in_flight_are_full_then_go_out_together(runner, codec, monkeypatch):

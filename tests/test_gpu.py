@@ -120,13 +120,34 @@ def test_codebook_0_beside_fast_position_0_gives_the_codes_of_one_stream(tiny_mo
     assert torch.equal(codes(True), codes(False))
 
 
+def random_codec_streams(rows, frames: int, seed: int) -> dict[int, torch.Tensor]:
+    """Codes (num_codebooks + 1 = 10, frames) on the GPU for each row: semantic codes, then residual ones."""
+    gen = torch.Generator().manual_seed(seed)
+    return {row: torch.cat([torch.randint(0, 4096, (1, frames), generator=gen),
+                            torch.randint(0, 1024, (9, frames), generator=gen)]).cuda() for row in rows}
+
+
+def assert_like_lone_decoders(codec, streams: dict, chunks: list[tuple[int, int, int]], pieces: dict) -> None:
+    """Each row's delivered pieces against a lone decoder fed the row's chunks (row, start, length)
+    in order."""
+    from engine.model.codec_stream import StreamingDecoder
+
+    for row, codes in streams.items():
+        lone = StreamingDecoder(codec)
+        alone = np.concatenate([lone.decode(codes[None, :, a:a + n])[0, 0].cpu().numpy()
+                                for r, a, n in chunks if r == row])
+        got = np.concatenate(pieces[row])
+        assert got.shape == alone.shape
+        # bf16 convolutions batched with other rows may round differently; nothing more.
+        assert np.abs(got - alone).max() <= 2e-2 * np.abs(alone).max(), f"row {row}"
+
+
 @pytest.mark.parametrize("sm_share", [0.0, 0.5])
 def test_graphed_batched_codec_decodes_each_stream_like_a_lone_decoder(sm_share):
     """Streams starting at different times, decoded together by the codec runner (graphs for the
     chunk lengths 4 and 16 and for a padded last chunk, eager for an odd length mid-stream),
     against each stream decoded alone and eagerly in the same pieces; on every SM, and with the
     runner's stream (so its graphs) on half of them, as EngineConfig.codec_sm_share runs it."""
-    from engine.model.codec_stream import StreamingDecoder
     from engine.runtime.codec_runner import CodecRunner
     from engine.runtime.scheduler import Harvest
     from engine.runtime.sm_share import side_stream
@@ -137,9 +158,7 @@ def test_graphed_batched_codec_decodes_each_stream_like_a_lone_decoder(sm_share)
         pytest.skip("no green contexts with this torch or driver (the log says why)")
     runner = CodecRunner(codec, rows=4, max_frames=256, stream=side.stream)
     runner.prepare()
-    gen = torch.Generator().manual_seed(0)
-    streams = {slot: torch.cat([torch.randint(0, 4096, (1, 60), generator=gen),
-                                torch.randint(0, 1024, (9, 60), generator=gen)]).cuda() for slot in (0, 2, 3)}
+    streams = random_codec_streams((0, 2, 3), 60, seed=0)
     # (slot, start, length, final): slot 2 starts later; slot 0 ends with 9 frames (padded to 16).
     plan = [[(0, 0, 4, False)], [(0, 4, 16, False), (2, 0, 4, False)],
             [(0, 20, 16, False), (2, 4, 16, False), (3, 0, 7, False)],
@@ -152,14 +171,7 @@ def test_graphed_batched_codec_decodes_each_stream_like_a_lone_decoder(sm_share)
             while runner.pending:
                 for item in runner.completed(wait=True):
                     pieces[item.owner].append(item.audio)
-        for slot, code in streams.items():
-            lone = StreamingDecoder(codec)
-            alone = np.concatenate([lone.decode(code[None, :, a:a + n])[0, 0].cpu().numpy()
-                                    for h in plan for s, a, n, _ in h if s == slot])
-            got = np.concatenate(pieces[slot])
-            assert got.shape == alone.shape
-            # bf16 convolutions batched with other rows may round differently; nothing more.
-            assert np.abs(got - alone).max() <= 2e-2 * np.abs(alone).max(), f"stream {slot}"
+    assert_like_lone_decoders(codec, streams, [(s, a, n) for h in plan for s, a, n, _ in h], pieces)
 
 
 def test_codec_harvests_waiting_on_the_host_decode_like_lone_decoders(monkeypatch):
@@ -168,7 +180,6 @@ def test_codec_harvests_waiting_on_the_host_decode_like_lone_decoders(monkeypatc
     wait on the host with their codes copied (the frames buffer is overwritten on the worker's stream
     after each submit, as the next steps do), and go out together as launches finish: rows 1-3's
     first chunks with row 0's second, then rows 1-3's second. Each stream's audio is a lone decoder's."""
-    from engine.model.codec_stream import StreamingDecoder
     from engine.runtime.codec_runner import CodecRunner
     from engine.runtime.scheduler import Harvest
 
@@ -179,9 +190,7 @@ def test_codec_harvests_waiting_on_the_host_decode_like_lone_decoders(monkeypatc
     decode = runner._decode
     monkeypatch.setattr(runner, "_decode", lambda codes, rows, last=False: calls.append(list(rows)) or
                         decode(codes, rows, last))
-    gen = torch.Generator().manual_seed(3)
-    streams = [torch.cat([torch.randint(0, 4096, (1, 12), generator=gen),
-                          torch.randint(0, 1024, (9, 12), generator=gen)]).cuda() for _ in range(4)]
+    streams = random_codec_streams(range(4), 12, seed=3)
     frames = torch.zeros(4, 10, 12, dtype=torch.long, device="cuda")  # stands in for the slots' frames
     # (row, first frame, length): 4 frames for every row, then 8, one row an iteration.
     plan = [(row, 0, 4) for row in range(4)] + [(row, 4, 8) for row in range(4)]
@@ -198,14 +207,7 @@ def test_codec_harvests_waiting_on_the_host_decode_like_lone_decoders(monkeypatc
             for item in runner.completed(wait=True):
                 pieces[item.owner].append(item.audio)
     assert calls == [[0], [1, 2, 3], [0], [1, 2, 3]]
-    for row in range(4):
-        lone = StreamingDecoder(codec)
-        alone = np.concatenate([lone.decode(streams[row][None, :, a:a + n])[0, 0].cpu().numpy()
-                                for r, a, n in plan if r == row])
-        got = np.concatenate(pieces[row])
-        assert got.shape == alone.shape
-        # bf16 convolutions batched with other rows may round differently; nothing more.
-        assert np.abs(got - alone).max() <= 2e-2 * np.abs(alone).max(), f"row {row}"
+    assert_like_lone_decoders(codec, streams, plan, pieces)
 
 
 def test_padded_codec_replays_keep_the_spare_rows_position_bounded():

@@ -42,6 +42,7 @@ from .cuda_graphs import capture
 from .scheduler import BLOCK, BLOCK_SIZES, Harvest
 from .step_runner import bucket_for
 
+
 def set_up_decoder(decoder, policy) -> None:
     """Make the codec's decoder the one the engine's graphs replay: its pointwise work as Triton
     kernels when the policy compiles (CUDA with Triton), its convolutions tuned per shape when it
