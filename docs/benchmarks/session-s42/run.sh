@@ -1,4 +1,4 @@
-# Session s41's device calls (session s40's run.sh, moved here; results in /tmp/s41): several parts per
+# Session s42's device calls (sessions s40-s41's run.sh, moved here; results in /tmp/s42): several parts per
 # call (PARTS), the results packed after every run, so that a call cut short still brings back what it
 # finished.
 # Set S1_COMMIT by hand (the device's copy of the repository has a stale HEAD). Trees, each in a
@@ -36,16 +36,17 @@
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 S1_COMMIT=${S1_COMMIT:?set S1_COMMIT to the commit under test}
 nvidia-smi --query-gpu=name --format=csv,noheader; date -u
-R=/tmp/s41; mkdir -p $R
+R=/tmp/s42; mkdir -p $R
 ROOT=$PWD
 dir_of() { case $1 in main) echo $ROOT ;; *) echo $ROOT/.$1 ;; esac; }
-pack() { tar -czf $OUT/s41-${PARTS// /-}.tar.gz -C /tmp s41; }
+pack() { tar -czf $OUT/s42-${PARTS// /-}.tar.gz -C /tmp s42; }
 # serve TAG [--gpu-events] [one]: a server of the tree in the current directory, with the settings in
 # the environment, under trace_worker; a warm-up level on a fresh machine (its first level was the slowest of
 # session s40's calls; not counted), the sustained mix twice (64 clients x 8), with "one" one stream's
 # first audio; then its tracebacks counted and everything packed. LOAD_ARGS: more load_test.py arguments for
 # the sustained levels (e.g. "--length-spread 0.2", added after session s41's calls), LOAD_TAG: a suffix for
-# the files' names.
+# the files' names. SPREAD (session s42): after those levels, the sustained mix twice more with
+# --length-spread SPREAD, on the same server.
 serve() {
   local tag=$1${LOAD_TAG:+-$LOAD_TAG} events=$2 one=$3
   [ "$events" = one ] && { events=; one=one; }
@@ -56,6 +57,8 @@ serve() {
   lt() { PYTHONPATH=/tmp/site:. timeout 150 python scripts/load_test.py "$@" 2>&1 | grep -E "streams:" | sed "s/^/$tag: /"; }
   [ -e $R/warmed ] || { lt --levels 64 --requests-per-client 4 | sed "s/^/warm-up, not counted: /"; touch $R/warmed; }
   lt --levels 64,64 --requests-per-client 8 --distinct-clips 21 $LOAD_ARGS --json $R/http-sustained8-$tag.json
+  [ -n "$SPREAD" ] && lt --levels 64,64 --requests-per-client 8 --distinct-clips 21 --length-spread $SPREAD \
+    --json $R/http-sustained8-$tag-spread$SPREAD.json | sed "s/^/spread $SPREAD: /"
   [ -n "$one" ] && lt --levels 1 --requests-per-client 20 --json $R/http-one-$tag.json
   kill -INT $pid; wait $pid
   echo "$tag tracebacks: $(grep -c Traceback $R/server-$tag.txt)"
