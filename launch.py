@@ -25,6 +25,7 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 7860
 RUNPOD_WORKSPACE = "/workspace"
+KEEP_ALIVE_S = 75  # idle HTTP connections: longer than the usual client and proxy pools keep theirs
 _TRUE = {"1", "true", "yes", "on"}
 
 
@@ -333,8 +334,12 @@ def serve(config, plan: ServerPlan) -> int:
         start_share_link(shown_host, plan.port)
     try:
         # No access log: the UI polls the queue several times a second; /metrics counts API requests.
-        # Open UI event streams must not hold up Ctrl+C / SIGTERM for long.
-        uvicorn.run(app, host=plan.host, port=plan.port, log_config=None, access_log=False, timeout_graceful_shutdown=3)
+        # Open UI event streams must not hold up Ctrl+C / SIGTERM for long. Idle connections stay open
+        # longer than clients and proxies keep them (httpx 5 s, uvicorn's default 5 s too): a client
+        # that reused one just as the server closed it got "Server disconnected" on 2 of 1,024
+        # requests in a load test's pause between levels (docs/PERFORMANCE.md, 2026-11-27).
+        uvicorn.run(app, host=plan.host, port=plan.port, log_config=None, access_log=False, timeout_graceful_shutdown=3,
+                    timeout_keep_alive=KEEP_ALIVE_S)
     finally:
         engine.close()
     return 0

@@ -242,6 +242,24 @@ def test_api_only_server_runs_without_gradio_installed(tmp_path):
         assert "gradio is blocked" not in server.log_tail()
 
 
+def test_an_idle_connection_outlives_the_usual_client_keep_alive(tmp_path):
+    """A connection left idle longer than httpx and uvicorn keep theirs by default (5 s) still carries
+    the next request: a client never reuses one the server is closing."""
+    import http.client
+    import time
+
+    with DemoServer(tmp_path, "--no-ui") as server:
+        host, port = server.url.removeprefix("http://").split(":")
+        connection = http.client.HTTPConnection(host, int(port), timeout=30)
+        try:
+            for pause in (0, 6):
+                time.sleep(pause)
+                connection.request("GET", "/health")
+                assert connection.getresponse().read() and connection.sock is not None
+        finally:
+            connection.close()
+
+
 def test_the_heap_is_frozen_only_once_every_batch_graph_is_captured_and_no_request_runs():
     import gc
     import time
