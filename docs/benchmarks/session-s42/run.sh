@@ -115,6 +115,11 @@ for PART in ${PARTS:?name the parts}; do
     # tests/test_engine_batching.py; since: every test of the engine with the codec on half of the SMs
     (cd $(dir_of ${TREE:-main}) && S1_FIXTURES_DIR=$ROOT/tests/fixtures PYTHONPATH=/tmp/site:. timeout 500 python -m pytest -q \
       -p no:cacheprovider -m gpu -k "codec-sm-share" tests/test_engine_batching.py 2>&1 | tail -6) ;;
+  alltests)
+    # (session s42) gputests and greentests in one run, each test's result kept as it comes ($R/gpu-tests.txt)
+    S1_FIXTURES_DIR=$ROOT/tests/fixtures PYTHONPATH=/tmp/site:. timeout ${TESTS_S:-560} python -m pytest -v -p no:cacheprovider \
+      -m gpu tests/test_gpu.py tests/test_engine_batching.py tests/test_codec_runner.py --durations 8 2>&1 \
+      | grep -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed|s call|s setup|Error" > $R/gpu-tests.txt; tail -14 $R/gpu-tests.txt ;;
   share)
     # over HTTP on the tree TREE (default main), one server per setting in SHARES, each the codec's SM
     # share and, after a colon, its calls in flight (0 when left out: no limit)
