@@ -15,6 +15,8 @@ from engine.runtime.codec_runner import CodecRunner  # noqa: E402
 from engine.runtime.scheduler import Harvest  # noqa: E402
 
 torch.backends.cuda.matmul.allow_tf32 = False
+if "--no-tf32" in sys.argv:  # cuDNN's fp32 convolutions too (TF32 by default)
+    torch.backends.cudnn.allow_tf32 = False
 codec_bf16 = load_models(EngineConfig(demo=True, device="cuda")).codec
 gen = torch.Generator().manual_seed(3)
 streams = {row: torch.cat([torch.randint(0, 4096, (1, 12), generator=gen),
@@ -68,7 +70,8 @@ def graphed(codec, slots, rows, lone):
            lone)
 
 
-for label, codec in [("bf16", codec_bf16), ("fp32", None)]:
+# (the demo codec loads in fp32 on a GPU: the first case's label is the config's default, "bf16")
+for label, codec in [("bf16", codec_bf16), ("fp32", None)][:1 if "--first" in sys.argv else 2]:
     if codec is None:
         codec = load_models(EngineConfig(demo=True, device="cuda", precision="fp32")).codec
     print(f"== {label} codec ({next(codec.parameters()).dtype})", flush=True)
