@@ -68,13 +68,6 @@ class EngineConfig:
     # listener must have ahead before more requests are admitted (ADMIT_MIN_LEAD_S); 0 turns either off.
     admit_gather_steps: int = 4
     admit_min_lead_s: float = 0.25
-    # CUDA: the share of the GPU's SMs the codec's chunks may use (a green context), so that they
-    # overlap the decode steps instead of taking turns with them; 0 = every SM (engine/runtime/sm_share.py).
-    codec_sm_share: float = 0.0
-    # Codec launches (a call per chunk length each) unfinished on the GPU at most; later harvests wait
-    # and then decode together (fewer, larger calls when the codec falls behind:
-    # engine/runtime/codec_runner.py); 0 = no limit.
-    codec_calls_in_flight: int = 0
 
     def __post_init__(self):
         _one_of("device", self.device.split(":")[0], DEVICES)
@@ -99,10 +92,6 @@ class EngineConfig:
         if self.admit_gather_steps < 0 or self.admit_min_lead_s < 0:
             raise InputError(f"admit_gather_steps and admit_min_lead_s must be >= 0 (0 = off), got "
                              f"{self.admit_gather_steps} and {self.admit_min_lead_s}")
-        if self.codec_calls_in_flight < 0:
-            raise InputError(f"codec_calls_in_flight must be >= 0 (0 = no limit), got {self.codec_calls_in_flight}")
-        if not 0 <= self.codec_sm_share < 1:
-            raise InputError(f"codec_sm_share must be >= 0 and < 1 (0 = every SM), got {self.codec_sm_share}")
         if self.switch_interval_ms < 0:
             raise InputError(f"switch_interval_ms must be >= 0 (0 = leave it as it is), got {self.switch_interval_ms}")
 

@@ -94,8 +94,7 @@ class TTSEngine:
                                        capacity, self.slots, PREFIX_CACHE_BYTES, reference_frames,
                                        decode_priority=config.decode_priority, read_back_lag=config.read_back_lag,
                                        admit_gather_steps=config.admit_gather_steps,
-                                       admit_min_lead_s=config.admit_min_lead_s, codec_sm_share=config.codec_sm_share,
-                                       codec_calls_in_flight=config.codec_calls_in_flight)
+                                       admit_min_lead_s=config.admit_min_lead_s)
         if config.switch_interval_ms:
             sys.setswitchinterval(config.switch_interval_ms / 1000)
         self.voices = VoiceStore(default_voices_dir(config.voices_dir), max_seconds=config.max_reference_seconds)

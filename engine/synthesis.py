@@ -30,7 +30,6 @@ from .runtime.kv_cache import KVCache
 from .runtime.prefix_cache import PrefixCache
 from .runtime.reference_encoder import EncodeHandle, ReferenceEncoder
 from .runtime.scheduler import Scheduler, SequenceSpec
-from .runtime.sm_share import side_stream
 from .runtime.step_runner import StepRunner
 from .runtime.worker import Job
 from .text.prompt import voice_prefix
@@ -112,13 +111,10 @@ class ClipEncode:
 class Synthesizer:
     def __init__(self, models: LoadedModels, reference_cache: ReferenceCodeCache, policy: CompilePolicy,
                  exact_sampling: bool, capacity: int, slots: int, prefix_cache_bytes: int, reference_frames: int,
-                 decode_priority: bool = True, codec_sm_share: float = 0.0, codec_calls_in_flight: int = 0,
-                 **admission):
+                 decode_priority: bool = True, **admission):
         """capacity: KV positions per sequence; slots: sequences decoded at once; reference_frames:
-        the longest reference clip, in codec frames; decode_priority: see claim_thread;
-        codec_sm_share: the share of the GPU's SMs the codec may use (0: all; runtime/sm_share.py);
-        codec_calls_in_flight: the codec runner's max_in_flight;
-        admission: the Scheduler's read_back_lag, admit_gather_steps and admit_min_lead_s."""
+        the longest reference clip, in codec frames; decode_priority: see claim_thread; admission:
+        the Scheduler's read_back_lag, admit_gather_steps and admit_min_lead_s."""
         self.models = models
         self.decode_priority = decode_priority
         self.reference_cache = reference_cache
@@ -135,11 +131,7 @@ class Synthesizer:
         self.scheduler = Scheduler(self.runner, self.prefix_cache, frame_rate=models.codec.config.frame_rate,
                                    **admission)
         set_up_decoder(models.codec.decoder, policy)
-        device = models.placement.device
-        self._codec_stream = side_stream(device, codec_sm_share, "the codec") if device.type == "cuda" else None
-        self.codec_runner = CodecRunner(models.codec, slots, self.capacity,
-                                        self._codec_stream.stream if self._codec_stream else None,
-                                        max_in_flight=codec_calls_in_flight)
+        self.codec_runner = CodecRunner(models.codec, slots, self.capacity)
         self.reference_encoder = ReferenceEncoder(models.codec, REFERENCE_CHUNK_FRAMES,
                                                   min(reference_frames, GRAPHED_REFERENCE_FRAMES))
         self._encoding: dict[str, ClipEncode] = {}  # reference clips being encoded or waiting to, by cache key

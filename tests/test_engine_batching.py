@@ -20,21 +20,15 @@ from engine.text.splitter import split_text
 from engine.synthesis import RequestRun
 
 
-@pytest.fixture(scope="module", params=["cpu", pytest.param("cuda", marks=pytest.mark.gpu),
-                                        pytest.param("cuda-codec-sm-share", marks=pytest.mark.gpu)])
+@pytest.fixture(scope="module", params=["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 def engine(request, tmp_path_factory):
-    """cuda-codec-sm-share: the codec on half of the SMs (a green context: engine/runtime/sm_share.py)."""
     root = tmp_path_factory.mktemp("batching")
-    share = 0.5 if request.param == "cuda-codec-sm-share" else 0.0
     # fp32 on the GPU too: in bf16 the batch-1 graph's single-row kernels and the GEMMs of larger
     # batches round differently, and a seeded request's codes can part ways after some frames
     # (measured on the H100: the multi-chunk test below, in bf16, from the fourth frame of one request).
-    engine = TTSEngine.from_config(EngineConfig(demo=True, device=request.param.split("-")[0], precision="fp32",
-                                                max_batch_size=8, max_queue=64, cache_dir=str(root / "cache"),
-                                                voices_dir=str(root / "voices"), codec_sm_share=share))
-    if share and engine._synthesizer._codec_stream.sms is None:
-        engine.close()
-        pytest.skip("no green contexts with this torch or driver (the log says why)")
+    engine = TTSEngine.from_config(EngineConfig(demo=True, device=request.param, precision="fp32", max_batch_size=8,
+                                                max_queue=64, cache_dir=str(root / "cache"),
+                                                voices_dir=str(root / "voices")))
     engine.warmup()
     engine.capture_all()  # on CUDA: every batch's graphs, before the leak test measures memory
     yield engine

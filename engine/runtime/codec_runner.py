@@ -2,10 +2,8 @@
 
 One streaming codec decoder holds a stream (row) per KV slot. The frames harvested in one
 scheduler iteration decode together: one batched call per chunk length (the scheduler hands most
-sequences out on the same step with the same length, so there are few calls). While the codec is
-behind (max_in_flight launches unfinished), harvests wait on the host, and those of several
-iterations then decode together. A sequence's first frames reset its row, starting a new utterance
-there.
+sequences out on the same step with the same length, so there are few calls). A sequence's first
+frames reset its row, starting a new utterance there.
 
 On CUDA the codec runs on its own CUDA stream, so its convolutions overlap the next decode steps
 instead of stalling them, and its audio is copied to pinned host memory; `completed()` hands out
@@ -28,7 +26,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections import defaultdict, deque
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -93,27 +91,15 @@ class _Graph:
 
 
 class CodecRunner:
-    def __init__(self, codec: ModdedDAC, rows: int, max_frames: int, stream: torch.cuda.Stream | None = None,
-                 max_in_flight: int = 0):
-        """stream (CUDA): where the codec's calls run and its graphs are captured (default: a new one).
-        max_in_flight: launches unfinished on the GPU at most (0 = no limit; 2 = one running and one
-        behind it), a launch being one codec call per chunk length among the harvests it takes.
-        Harvests that arrive while that many are unfinished wait on the host and go out together in a
-        later launch, so a codec that falls behind the decode steps gets fewer, larger
-        calls (each costs ~2.3-2.6 ms on an H100 whatever its rows: docs/PERFORMANCE.md) rather than a
-        queue of small ones."""
-        if max_in_flight < 0:
-            raise ValueError(f"max_in_flight must be >= 0 (0 = no limit), got {max_in_flight}")
-        self.max_in_flight = max_in_flight
+    def __init__(self, codec: ModdedDAC, rows: int, max_frames: int):
         self.rows = rows
         self.decoder = StreamingDecoder(codec, batch=rows + 1)  # row `rows` is the spare one
         self.decoder.reserve(max_frames + BLOCK)
         self.num_codebooks = codec.config.num_codebooks
         device = next(codec.parameters()).device
         self.device = device
-        self.stream = (stream or torch.cuda.Stream(device)) if device.type == "cuda" else None
-        self._pending: deque[_Pending] = deque()  # launched; taken off once their audio is read back
-        self._queued: deque[Harvest] = deque()  # waiting for room among the launches in flight, oldest first
+        self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+        self._pending: deque[_Pending] = deque()
         self._graphs: dict[tuple[int, int], _Graph] = {}
         self._pool = None  # every codec graph shares one memory pool
         self.row_buckets = codec_row_buckets(rows)
@@ -184,37 +170,11 @@ class CodecRunner:
 
     @property
     def pending(self) -> bool:
-        return bool(self._pending or self._queued)
-
-    def submit(self, harvests: list[Harvest]) -> None:
-        """Decode the harvests' frames: launched now, or queued while max_in_flight launches are
-        unfinished (their codes are then copied: the slots move on)."""
-        self._queued.extend(harvests)
-        self._launch()
-        first_new = len(self._queued) - min(len(harvests), len(self._queued))
-        for i in range(first_new, len(self._queued)):
-            self._queued[i] = replace(self._queued[i], codes=self._queued[i].codes.clone())
-
-    def _launch(self) -> None:
-        while self._queued and (not self.max_in_flight or self._launches_in_flight() < self.max_in_flight):
-            batch, rows = [], set()
-            # The oldest queued harvests up to a row's second one: a row decodes its chunks in order,
-            # one a call, and audio leaves in the order it was harvested.
-            while self._queued and self._queued[0].slot not in rows:
-                rows.add(self._queued[0].slot)
-                batch.append(self._queued.popleft())
-            try:
-                self._start(batch)
-            except BaseException:
-                self._queued.extendleft(reversed(batch))  # still the runner's: `discard` names their owners
-                raise
-
-    def _launches_in_flight(self) -> int:
-        return sum(1 for item in self._pending if item.ready is not None and not item.ready.query())
+        return bool(self._pending)
 
     @torch.inference_mode()
-    def _start(self, harvests: list[Harvest]) -> None:
-        """Launch one call per chunk length for the harvests (each of another row)."""
+    def submit(self, harvests: list[Harvest]) -> None:
+        """Start decoding the harvests' frames (their codes are copied now: the slots move on)."""
         by_length: dict[int, list[int]] = defaultdict(list)
         for i, h in enumerate(harvests):
             if h.codes.shape[1]:
@@ -246,8 +206,7 @@ class CodecRunner:
 
     def completed(self, wait: bool = False) -> list[Decoded]:
         """Audio of submitted harvests whose decode has finished, in submission order; wait=True
-        blocks for the oldest one if none has finished. Launches what the queue holds first."""
-        self._launch()
+        blocks for the oldest one if none has finished."""
         done, finished = [], 0
         for item in self._pending:
             if item.ready is not None and not item.ready.query():
@@ -269,7 +228,6 @@ class CodecRunner:
 
     def discard(self) -> list[Any]:
         """Forget undelivered work (after a failure); returns its owners."""
-        owners = [h.owner for item in self._pending for h in item.harvests] + [h.owner for h in self._queued]
+        owners = [h.owner for item in self._pending for h in item.harvests]
         self._pending.clear()
-        self._queued.clear()
         return owners

@@ -24,14 +24,10 @@
 #   allag (added after session s40's calls, not yet run; carry .al): over HTTP on aligned-blocks, one
 #           server per read-back lag in LAGS (default "3 4"), each the sustained mix twice: its host
 #           work between two read-backs was 22-23 ms p90, more than the two steps queued at lag 2.
-#   probe (session s41; call 4 carried .gc, branch green-codec, merged since): whether the device's
-#           synchronize waits for a green context's stream (green_sync_probe.py)
-#   greentests: test_engine_batching.py's GPU tests on the engine with the codec on half of the SMs
-#           (call 4: the audio tests only, from .gc; gputests leaves them out since)
-#   share (session s41; call 4 carried .gc): over HTTP, one server per setting in SHARES on the tree TREE
-#           (default main, which has both settings since): EngineConfig.codec_sm_share, then after a colon
-#           codec_calls_in_flight (default "0.6:0 0.6:2 0:2 0:0"; call 4 ran SHARES=0.5, the calls
-#           setting came after it), the sustained mix twice and one stream
+#   alltests (session s42): gputests' files, every GPU test, each result kept as it comes
+# The parts probe, greentests and share (sessions s41-s42: the codec on a share of the SMs, and codec
+# calls waiting on the host) are in this script as of 203edd0; the settings they swept were removed
+# from the engine after session s42's calls (docs/PERFORMANCE.md says why).
 # Every server part runs `serve` below (the http, admission and allag parts as before, with one function).
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 S1_COMMIT=${S1_COMMIT:?set S1_COMMIT to the commit under test}
@@ -75,10 +71,8 @@ for PART in ${PARTS:?name the parts}; do
     PYTHONPATH=/tmp/site:. timeout 240 python scripts/profile_codec_calls.py --weights random \
       --row-buckets 1,2,3,4,6,8,12,16,24,32,48,64 --json $R/codec-calls.json 2>&1 | grep -v Warn ;;
   gputests)
-    # (since session s41's calls, test_engine_batching.py's engines include one with the codec on half of
-    # the SMs: its tests run in greentests, as they would not fit one call with the rest)
     (cd $(dir_of ${TREE:-main}) && S1_FIXTURES_DIR=$ROOT/tests/fixtures PYTHONPATH=/tmp/site:. timeout 500 python -m pytest -q \
-      -p no:cacheprovider -m gpu -k "not codec-sm-share" tests/test_gpu.py tests/test_engine_batching.py tests/test_codec_runner.py \
+      -p no:cacheprovider -m gpu tests/test_gpu.py tests/test_engine_batching.py tests/test_codec_runner.py \
       2>&1 | tail -6) ;;
   trees)
     n=0
@@ -107,27 +101,11 @@ for PART in ${PARTS:?name the parts}; do
     for lag in ${LAGS:-3 4}; do
       (cd $(dir_of al) && S1_MINI_READ_BACK_LAG=$lag serve al-lag$lag --gpu-events)
     done ;;
-  probe)
-    (cd $(dir_of ${TREE:-main}) && PYTHONPATH=/tmp/site:. timeout 60 python $ROOT/docs/benchmarks/session-s41/green_sync_probe.py \
-      | tee $R/green-sync-probe.json) ;;
-  greentests)
-    # call 4 ran, from .gc: pytest -m gpu tests/test_gpu.py -k "graphed_batched_codec or replaying_at_once"
-    # tests/test_engine_batching.py; since: every test of the engine with the codec on half of the SMs
-    (cd $(dir_of ${TREE:-main}) && S1_FIXTURES_DIR=$ROOT/tests/fixtures PYTHONPATH=/tmp/site:. timeout 500 python -m pytest -q \
-      -p no:cacheprovider -m gpu -k "codec-sm-share" tests/test_engine_batching.py 2>&1 | tail -6) ;;
   alltests)
-    # (session s42) gputests and greentests in one run, each test's result kept as it comes ($R/gpu-tests.txt)
+    # (session s42) gputests' tests, each result kept as it comes ($R/gpu-tests.txt)
     S1_FIXTURES_DIR=$ROOT/tests/fixtures PYTHONPATH=/tmp/site:. timeout ${TESTS_S:-560} python -m pytest -v -p no:cacheprovider \
       -m gpu tests/test_gpu.py tests/test_engine_batching.py tests/test_codec_runner.py --durations 8 2>&1 \
       | grep -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed|s call|s setup|Error" > $R/gpu-tests.txt; tail -14 $R/gpu-tests.txt ;;
-  share)
-    # over HTTP on the tree TREE (default main), one server per setting in SHARES, each the codec's SM
-    # share and, after a colon, its calls in flight (0 when left out: no limit)
-    for setting in ${SHARES:-0.6:0 0.6:2 0:2 0:0}; do
-      share=${setting%%:*}; calls=0; [ "$setting" != "$share" ] && calls=${setting##*:}
-      tag=share$share; [ $calls != 0 ] && tag=$tag-calls$calls
-      (cd $(dir_of ${TREE:-main}) && S1_MINI_CODEC_SM_SHARE=$share S1_MINI_CODEC_CALLS_IN_FLIGHT=$calls serve $tag --gpu-events one)
-    done ;;
   esac
   pack
 done
