@@ -1,6 +1,8 @@
 """Session s42: why test_codec_harvests_waiting_on_the_host_decode_like_lone_decoders failed on the H100
 (row 3). The test's plan under four settings; each chunk's largest difference from a lone decoder,
-relative to the lone row's peak. Run from the repository root on a CUDA machine."""
+relative to the lone row's peak. Run from the repository root on a CUDA machine, at 6639992: the
+codec runner's max_in_flight (EngineConfig.codec_calls_in_flight) was removed after this session's
+calls."""
 import sys
 
 import numpy as np
