@@ -393,7 +393,7 @@ def run_levels(target, args, levels: list[int]) -> list[dict]:
         s = results[-1]
         print(f"{clients:>4} streams: {s['audio_s_per_s']:7.1f} audio-s/s  TTFA p50 {s.get('ttfa_ms_p50', 0):6.0f} ms "
               f"p95 {s.get('ttfa_ms_p95', 0):6.0f} ms  RTF p50 {s.get('rtf_p50', 0):.3f} max "
-              f"{s.get('rtf_max', 0):.3f}  underruns {s.get('streams_with_underrun', 0)}  errors {s['errors']} "
+              f"{s.get('rtf_max', 0):.3f} ({s.get('rtf_max_audio_s', 0):.2f} s of audio)  underruns {s.get('streams_with_underrun', 0)}  errors {s['errors']} "
               f"(rejected {s['rejected']})")
         print("      TTFA p50 by voice: " + ", ".join(f"{kind} {summary['ttfa_ms_p50']:.0f} ms"
                                                     for kind, summary in s["by_voice"].items() if summary))

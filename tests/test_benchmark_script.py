@@ -151,3 +151,17 @@ def test_the_reported_commit_says_when_the_tree_differs_from_it(tmp_path, monkey
     assert benchmark.project_commit(tmp_path) == head + "+modified"
     monkeypatch.setenv("S1_COMMIT", "abc1234")
     assert benchmark.project_commit(tmp_path) == "abc1234"
+
+
+def test_a_level_names_the_audio_length_of_its_slowest_request():
+    """A request with less audio than the first-audio wait runs slower than real time whatever the
+    engine's speed: the summary says how long the slowest one was."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from benchmark import level_summary
+
+    records = [{"ttfa_ms": 250.0, "rtf": 0.2, "audio_s": 10.0, "underrun_s": 0.0},
+               {"ttfa_ms": 270.0, "rtf": 1.03, "audio_s": 0.28, "underrun_s": 0.0},
+               {"ttfa_ms": 240.0, "rtf": 0.3, "audio_s": 9.0, "underrun_s": 0.0}]
+    summary = level_summary(records)
+    assert summary["rtf_max"] == 1.03 and summary["rtf_max_audio_s"] == 0.28
+    assert summary["faster_than_real_time"] == 2
