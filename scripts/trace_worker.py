@@ -294,7 +294,7 @@ def gpu_lines(spans: list[list]) -> list[str]:
     """From --gpu-events spans: the share of the time the GPU had work queued (the union of the
     spans, from the first one's start to the last one's end) and its idle gaps; a step's and a codec
     call's span (a codec span includes the steps that ran inside it), and the share of the time the
-    codec's stream had a call (near all of it: the codec is behind the decode steps)."""
+    codec's stream had a call (near all of it means the codec is behind the decode steps)."""
     gpu = sorted((s for s in spans if s[1] == "gpu"), key=lambda s: s[2])
     if not gpu:
         return []
