@@ -116,9 +116,10 @@ def plain_conv(rows, length, c_in, c_out, snake_first, tanh):
 
     def engine():
         full = codec_kernels.context_snake(context, x, alpha, EPS) if snake_first else torch.cat([context, x], -1)
-        y = F.conv1d(full, w, b)
+        y = conv(full) + b[:, None]
         return torch.tanh(y) if tanh else y
 
+    conv = best_conv(torch.cat([context, x], -1), w, 1)
     x_cl, context_cl, taps = x.transpose(1, 2).contiguous(), context.transpose(1, 2).contiguous(), ck.taps_of(w)
 
     def kernel():
@@ -168,7 +169,7 @@ def main():
     args = p.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = True
     rows, length = args.rows, args.frames * POSITIONS_PER_FRAME
-    layers = [(f"conv in {LATENT}->{DIMS[0]}", lambda: plain_conv(rows, length, LATENT, DIMS[0], False, False),
+    layers = [(f"conv in {LATENT}->{DIMS[0]}", lambda n=length: plain_conv(rows, n, LATENT, DIMS[0], False, False),
                (length, LATENT, DIMS[0], 7, 1))]
     for c_in, c_out, s in zip(DIMS, DIMS[1:], RATES):
         layers.append((f"transposed {c_in}->{c_out} s{s}", lambda a=(length, c_in, c_out, s): transposed(rows, *a),
@@ -177,7 +178,7 @@ def main():
         for d in (1, 3, 9):
             layers.append((f"unit {c_out} d{d}", lambda a=(length, c_out, d): residual_unit(rows, *a),
                            (length, c_out, c_out, 7, d)))
-    layers.append((f"conv out {DIMS[-1]}->1 + tanh", lambda: plain_conv(rows, length, DIMS[-1], 1, True, True),
+    layers.append((f"conv out {DIMS[-1]}->1 + tanh", lambda n=length: plain_conv(rows, n, DIMS[-1], 1, True, True),
                    (length, DIMS[-1], 1, 7, 1)))
     report, totals = [], [0.0, 0.0]
     print(f"{rows} rows x {args.frames} frames, ms per call (CUDA graph), {torch.cuda.get_device_name()}")
