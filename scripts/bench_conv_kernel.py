@@ -31,6 +31,7 @@ DTYPE = torch.bfloat16
 EPS = 1e-9
 LATENT, DIMS, RATES = 1024, (1536, 768, 384, 192, 96), (8, 8, 4, 2)
 POSITIONS_PER_FRAME = 4  # decoder input steps per frame (hop 512)
+PIECES = False
 
 
 def milliseconds(fn, repeats: int = 10) -> float:
@@ -86,6 +87,15 @@ def residual_unit(rows, length, c, dilation):
         h = ck.conv(full, taps7, b7, dilation, ck.Epilogue(alpha=alpha, eps=EPS))
         return ck.conv(h, taps1, b1, 1, ck.Epilogue(residual=x_cl))
 
+    if PIECES:
+        full = ck.context_snake(context_cl, x_cl, alpha, EPS)
+        h = ck.conv(full, taps7, b7, dilation, ck.Epilogue(alpha=alpha, eps=EPS))
+        pieces = {"context snake": lambda: ck.context_snake(context_cl, x_cl, alpha, EPS),
+                  "conv": lambda: ck.conv(full, taps7, b7, dilation),
+                  "conv + snake": lambda: ck.conv(full, taps7, b7, dilation, ck.Epilogue(alpha=alpha, eps=EPS)),
+                  "1x1": lambda: ck.conv(h, taps1, b1, 1),
+                  "1x1 + residual": lambda: ck.conv(h, taps1, b1, 1, ck.Epilogue(residual=x_cl))}
+        print("   ", ", ".join(f"{name} {milliseconds(fn):.3f}" for name, fn in pieces.items()))
     return compare(engine, kernel)
 
 
@@ -165,8 +175,11 @@ def main():
     p.add_argument("--rows", type=int, default=64)
     p.add_argument("--frames", type=int, default=32)
     p.add_argument("--sweep", action="store_true")
+    p.add_argument("--pieces", action="store_true", help="time each kernel of a residual unit too")
     p.add_argument("--json", type=Path)
     args = p.parse_args()
+    global PIECES
+    PIECES = args.pieces
     torch.backends.cuda.matmul.allow_tf32 = True
     rows, length = args.rows, args.frames * POSITIONS_PER_FRAME
     layers = [(f"conv in {LATENT}->{DIMS[0]}", lambda n=length: plain_conv(rows, n, LATENT, DIMS[0], False, False),
