@@ -477,9 +477,16 @@ class Decoder(nn.Module):
             CausalConv1d(dims[-1], 1, 7),
             nn.Tanh(),
         )
+        self.channels_last = None  # ChannelsLastOps when streamed channels-last (use_channels_last)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.model(x)
+
+    def use_channels_last(self, ops) -> None:
+        """Stream this decoder on channels-last activations with `ops` (engine/model/conv_kernel.py:
+        its Triton kernels, or their PyTorch forms), in the decoders built after this call
+        (engine/model/channels_last_decoder.py)."""
+        self.channels_last = ops
 
     def use_pointwise(self, snake_fn: Callable, residual: ResidualPointwise) -> None:
         """Every Snake runs snake_fn, and every residual unit streams its pointwise work with `residual`

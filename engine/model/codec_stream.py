@@ -391,6 +391,10 @@ def _streamer(m: nn.Module, batch: int, rope_base: float, fuse_residuals: bool =
     if isinstance(m, (DecoderBlock, EncoderBlock, Encoder)):
         return inner(m.block)
     if isinstance(m, Decoder):
+        if m.channels_last is not None:
+            from .channels_last_decoder import ChannelsLastDecoder  # it builds on this module
+
+            return ChannelsLastDecoder(m, batch, m.channels_last)
         return inner(m.model)
     if type(m) is nn.Sequential:
         return _Sequence([inner(c) for c in m])

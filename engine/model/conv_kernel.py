@@ -16,6 +16,7 @@ Importing this module needs Triton only for `conv`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -31,6 +32,14 @@ class Epilogue:
     eps: float = 0.0
     residual: Tensor | None = None  # (B, T, C_out)
     tanh: bool = False
+
+
+@dataclass(frozen=True)
+class ChannelsLastOps:
+    """What the channels-last decoder is made of: these Triton kernels, or their PyTorch forms."""
+
+    conv: Callable  # (x, taps, bias, dilation, epilogue) -> (B, T, C_out)
+    context_snake: Callable  # (context, x, alpha, eps) -> cat(context, snake(x)) in time
 
 
 def taps_of(weight: Tensor) -> Tensor:
@@ -60,7 +69,7 @@ def conv_taps(x: Tensor, taps: Tensor, bias: Tensor, dilation: int, epilogue: Ep
     k = taps.shape[0] // x.shape[-1]
     weight = taps.reshape(k, x.shape[-1], c_out).permute(2, 1, 0).float()
     y = F.conv1d(x.float().transpose(1, 2), weight, bias.float(), dilation=dilation).transpose(1, 2)
-    return _finish(y, epilogue).to(x.dtype)
+    return _finish(y, epilogue).to(x.dtype).contiguous()
 
 
 def context_snake_taps(context: Tensor, x: Tensor, alpha: Tensor, eps: float) -> Tensor:
@@ -100,13 +109,15 @@ if triton is not None:
             wave = tl.sin(alpha * x)
         return x + (1.0 / (alpha + eps)) * wave * wave
 
-    @triton.jit
+    @triton.jit(do_not_specialize=["dilation", "k_blocks"])  # fewer compiles: neither aligns anything
     def _conv_kernel(x_ptr, taps_ptr, bias_ptr, alpha_ptr, residual_ptr, out_ptr,
                      length, x_row_stride, c_in, c_out, dilation, k_blocks, eps,
                      snake: tl.constexpr, residual: tl.constexpr, tanh: tl.constexpr, fast_sin: tl.constexpr,
-                     block_m: tl.constexpr, block_n: tl.constexpr, block_k: tl.constexpr):
+                     even_k: tl.constexpr, precision: tl.constexpr, block_m: tl.constexpr, block_n: tl.constexpr, block_k: tl.constexpr):
         """out[b, t, n] = sum over tap, c of x[b, t + tap * dilation, c] * taps[tap * c_in + c, n], then
-        the epilogue. Program (m, b, n): rows t of block m of batch row b, channels of block n."""
+        the epilogue. Program (m, b, n): rows t of block m of batch row b, channels of block n.
+        even_k: c_in is a multiple of block_k (no channel masks). precision: of fp32 dots ("tf32" where
+        cuDNN would use TF32, else "ieee")."""
         row = tl.program_id(1).to(tl.int64)
         t = tl.program_id(0) * block_m + tl.arange(0, block_m)
         n = tl.program_id(2) * block_n + tl.arange(0, block_n)
@@ -114,14 +125,18 @@ if triton is not None:
         in_rows, in_channels = t < length, n < c_out
         x_rows = x_ptr + row * x_row_stride + t[:, None].to(tl.int64) * c_in + c[None, :]
         w_cols = taps_ptr + c[:, None] * c_out + n[None, :]
-        blocks_per_tap = c_in // block_k
+        blocks_per_tap = tl.cdiv(c_in, block_k)
         acc = tl.zeros((block_m, block_n), dtype=tl.float32)
         for i in range(k_blocks):  # (tap, channel block) flattened, so that the loads pipeline
             tap = i // blocks_per_tap
-            first = tap * c_in + (i - tap * blocks_per_tap) * block_k  # row of taps, column of x
-            a = tl.load(x_rows + (tap * dilation * c_in + first - tap * c_in), mask=in_rows[:, None], other=0.0)
-            w = tl.load(w_cols + first * c_out, mask=in_channels[None, :], other=0.0)
-            acc = tl.dot(a, w, acc)
+            channel = (i - tap * blocks_per_tap) * block_k  # first input channel of the block
+            a_mask, w_mask = in_rows[:, None], in_channels[None, :]
+            if not even_k:
+                a_mask = a_mask & (channel + c < c_in)[None, :]
+                w_mask = w_mask & (channel + c < c_in)[:, None]
+            a = tl.load(x_rows + (tap * dilation * c_in + channel), mask=a_mask, other=0.0)
+            w = tl.load(w_cols + (tap * c_in + channel) * c_out, mask=w_mask, other=0.0)
+            acc = tl.dot(a, w, acc, input_precision=precision)
         acc += tl.load(bias_ptr + n, mask=in_channels, other=0.0).to(tl.float32)[None, :]
         if snake:
             alpha = tl.load(alpha_ptr + n, mask=in_channels, other=1.0).to(tl.float32)[None, :]
@@ -165,7 +180,7 @@ class Tiles:
 
 def tiles_for(c_in: int, c_out: int) -> Tiles:
     """The tiles used for a shape (the best of `scripts/bench_conv_kernel.py --sweep` on an H100)."""
-    block_k = 64 if c_in % 64 == 0 else 32
+    block_k = 64 if c_in % 64 == 0 else 32 if c_in % 32 == 0 else 16  # 16: masked channels if not a multiple
     if c_out > 128:
         return Tiles(128, 256, block_k, warps=8, stages=3)
     return Tiles(128, max(32, triton.next_power_of_2(c_out)), block_k, warps=4, stages=4 if block_k == 32 else 3)
@@ -174,14 +189,14 @@ def tiles_for(c_in: int, c_out: int) -> Tiles:
 def conv(x: Tensor, taps: Tensor, bias: Tensor, dilation: int, epilogue: Epilogue = Epilogue(),
          tiles: Tiles | None = None) -> Tensor:
     """conv_taps() as one Triton kernel: x (B, T + (k - 1) * dilation, C_in) contiguous in its last
-    two dims, taps (k * C_in, C_out) and bias (C_out,) contiguous; C_in a multiple of 16."""
+    two dims, taps (k * C_in, C_out) and bias (C_out,) contiguous."""
     batch, full_length, c_in = x.shape
     c_out = taps.shape[1]
     k = taps.shape[0] // c_in
     length = full_length - (k - 1) * dilation
     tiles = tiles or tiles_for(c_in, c_out)
-    if c_in % tiles.block_k or x.stride(2) != 1 or x.stride(1) != c_in:
-        raise ValueError(f"x must be (B, T, C_in) with rows contiguous and C_in a multiple of {tiles.block_k}")
+    if x.stride(2) != 1 or x.stride(1) != c_in:
+        raise ValueError(f"x must be (B, T, C_in) with rows contiguous, got strides {x.stride()}")
     out = torch.empty(batch, length, c_out, device=x.device, dtype=x.dtype)
     residual = epilogue.residual
     if residual is not None and (residual.shape != out.shape or not residual.is_contiguous()):
@@ -189,9 +204,10 @@ def conv(x: Tensor, taps: Tensor, bias: Tensor, dilation: int, epilogue: Epilogu
     grid = (triton.cdiv(length, tiles.block_m), batch, triton.cdiv(c_out, tiles.block_n))
     _conv_kernel[grid](x, taps, bias, epilogue.alpha if epilogue.alpha is not None else bias,
                        residual if residual is not None else out, out,
-                       length, x.stride(0), c_in, c_out, dilation, k * c_in // tiles.block_k, epilogue.eps,
+                       length, x.stride(0), c_in, c_out, dilation, k * triton.cdiv(c_in, tiles.block_k), epilogue.eps,
                        snake=epilogue.alpha is not None, residual=residual is not None, tanh=epilogue.tanh,
-                       fast_sin=x.is_cuda,
+                       fast_sin=x.is_cuda, even_k=c_in % tiles.block_k == 0,
+                       precision="tf32" if torch.backends.cudnn.allow_tf32 else "ieee",
                        block_m=tiles.block_m, block_n=tiles.block_n, block_k=tiles.block_k,
                        num_warps=tiles.warps, num_stages=tiles.stages)
     return out
@@ -209,3 +225,7 @@ def context_snake(context: Tensor, x: Tensor, alpha: Tensor, eps: float) -> Tens
                                 context_length, length, channels, eps, fast_sin=x.is_cuda,
                                 block_t=block_t, block_c=block_c)
     return out
+
+
+TORCH_OPS = ChannelsLastOps(conv_taps, context_snake_taps)
+TRITON_OPS = ChannelsLastOps(conv, context_snake) if triton is not None else None

@@ -42,14 +42,14 @@ from .step_runner import bucket_for
 
 
 def set_up_decoder(decoder, policy) -> None:
-    """Make the codec's decoder the one the engine's graphs replay: its pointwise work as Triton
-    kernels when the policy compiles (CUDA with Triton), its convolutions tuned per shape when it
-    uses CUDA graphs (timed while a CodecRunner captures)."""
+    """Make the codec's decoder the one the engine's graphs replay: streamed on channels-last
+    activations by Triton kernels when the policy compiles (CUDA with Triton); otherwise, with CUDA
+    graphs, its convolutions tuned per shape (timed while a CodecRunner captures)."""
     if policy.compile:
-        from ..model import codec_kernels
+        from ..model import conv_kernel
 
-        codec_kernels.use_in(decoder)
-    if policy.cuda_graphs:
+        decoder.use_channels_last(conv_kernel.TRITON_OPS)
+    elif policy.cuda_graphs:
         tune_convs(decoder)
 
 
