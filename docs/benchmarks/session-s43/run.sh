@@ -40,10 +40,10 @@ for PART in ${PARTS:?name the parts}; do
   case $PART in
   cltests)
     S1_FIXTURES_DIR=$ROOT/tests/fixtures PYTHONPATH=/tmp/site:. timeout 300 python -m pytest -q -p no:cacheprovider -m gpu \
-      tests/test_channels_last_decoder.py tests/test_codec_stream.py 2>&1 | tail -15 ;;
+      tests/test_channels_last_decoder.py tests/test_codec_stream.py 2>&1 | tail -15 | tee $R/cl-tests.txt ;;
   alltests)
     S1_FIXTURES_DIR=$ROOT/tests/fixtures PYTHONPATH=/tmp/site:. timeout ${TESTS_S:-500} python -m pytest -v -p no:cacheprovider \
-      -m gpu tests/test_gpu.py tests/test_engine_batching.py tests/test_codec_runner.py --durations 8 2>&1 \
+      -m gpu ${TEST_FILES:-tests/test_gpu.py tests/test_engine_batching.py tests/test_codec_runner.py} --durations 8 2>&1 \
       | grep -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed|s call|s setup|Error" > $R/gpu-tests.txt; tail -14 $R/gpu-tests.txt ;;
   codec)
     for tree in ${TREES:-base cl}; do
