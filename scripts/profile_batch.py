@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """How the decode step and the streaming codec scale with the batch (full-size weights, GPU).
 
-    python scripts/profile_batch.py --weights random [--batches 1,8,16,32,64] [--kv 1024] [--codec-pointwise eager] [--codec-convs cudnn] [--json out.json]
+    python scripts/profile_batch.py --weights random [--batches 1,8,16,32,64] [--kv 1024] [--codec-layout channels-first [--codec-convs cudnn]] [--json out.json]
 
 For each batch size: the graphed decode step's time per step (every row one frame), and the
 streaming codec's time per chunk of --chunk frames for that many rows, eager and replayed as a
@@ -77,11 +77,12 @@ def main(argv=None) -> int:
     p.add_argument("--batches", default="1,8,16,32,64")
     p.add_argument("--kv", type=int, default=1024, help="kv bucket of the timed steps")
     p.add_argument("--chunk", type=int, default=16, help="codec chunk in frames")
-    p.add_argument("--codec-pointwise", default="kernels", choices=["kernels", "eager"],
-                   help="the codec decoder's Snakes, bias and residual adds as the engine runs them with compile "
-                        "on (Triton kernels), or eager")
+    p.add_argument("--codec-layout", default="channels-last", choices=["channels-last", "channels-first"],
+                   help="the codec decoder streamed channels-last by Triton kernels, as the engine runs it with compile "
+                        "on, or channels-first with eager pointwise work, as without Triton")
     p.add_argument("--codec-convs", default="tuned", choices=["tuned", "cudnn"],
-                   help="the decoder's convs timed per shape against a matmul, as the engine runs them, or cuDNN's")
+                   help="channels-first: the decoder's convs timed per shape against a matmul, as the engine runs "
+                        "them with CUDA graphs and no Triton, or cuDNN's")
     p.add_argument("--codec-kernels", action="store_true",
                    help="also list the codec's kernels by GPU time per chunk at the largest batch (torch.profiler)")
     p.add_argument("--cudnn-benchmark", action="store_true", help="let cuDNN time its convolution algorithms")
@@ -107,11 +108,13 @@ def main(argv=None) -> int:
     cache = KVCache(c.n_layer, slots, c.n_local_heads, args.kv, c.head_dim, models.placement.dtype, "cuda")
     policy = compilation.decide(args.compile, torch.device("cuda"))
     runner = StepRunner(model, cache, policy)
-    if policy.compile and args.codec_pointwise == "kernels":
-        from engine.model import codec_kernels
+    if args.codec_layout == "channels-last":
+        if not policy.compile:
+            p.error("--codec-layout channels-last needs Triton (--compile on)")
+        from engine.model import conv_kernel
 
-        codec_kernels.use_in(models.codec.decoder)
-    if args.codec_convs == "tuned":
+        models.codec.decoder.use_channels_last(conv_kernel.TRITON_OPS)
+    elif args.codec_convs == "tuned":
         tune_convs(models.codec.decoder)
     runner.kv_buckets = [args.kv]
     runner.prepare(batches)
@@ -140,7 +143,7 @@ def main(argv=None) -> int:
         print(json.dumps(rows[-1]))
     codec_kernels = top_kernels(lambda: decoder.decode(codes)) if args.codec_kernels else None
     result = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "kv": args.kv,
-              "cudnn_benchmark": args.cudnn_benchmark, "codec_pointwise": args.codec_pointwise, "codec_convs": args.codec_convs,
+              "cudnn_benchmark": args.cudnn_benchmark, "codec_layout": args.codec_layout, "codec_convs": args.codec_convs,
               "chunk": args.chunk, "rows": rows, "codec_top_kernels": codec_kernels, "peak_gb": torch.cuda.max_memory_allocated() / 1e9}
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))

@@ -7,6 +7,7 @@
 #   cltests:  the GPU tests of the channels-last decoder and of codec streaming
 #   alltests: the engine's GPU tests (test_gpu.py, test_engine_batching.py, test_codec_runner.py)
 #   codec:    scripts/profile_codec_calls.py per tree in TREES (a codec call's fixed and per-row cost)
+#   kernels:  the codec's kernels by GPU time, one row x 4 frames and 8 rows x 32 frames (profile_batch)
 #   http:     one server per tree in TREES: the sustained mix twice (64 clients x 8), one stream's first audio
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 S1_COMMIT=${S1_COMMIT:?set S1_COMMIT to the commit under test}
@@ -49,6 +50,12 @@ for PART in ${PARTS:?name the parts}; do
     for tree in ${TREES:-base cl}; do
       (cd $(dir_of $tree) && PYTHONPATH=/tmp/site:. timeout 240 python scripts/profile_codec_calls.py --weights random \
         --row-buckets 1,4,8,16,32,64 --json $R/codec-calls-$tree.json 2>&1 | grep -v Warn | sed "s/^/$tree: /")
+    done ;;
+  kernels)
+    for shape in "1 4" "8 32"; do
+      set -- $shape
+      PYTHONPATH=/tmp/site:. timeout 200 python scripts/profile_batch.py --weights random --batches $1 --chunk $2 --kv 512 \
+        --codec-kernels --json $R/kernels-$1x$2.json 2>&1 | grep -v Warn | tail -18 | sed "s/^/$1 x $2: /"
     done ;;
   http)
     for tree in ${TREES:-base cl}; do
