@@ -176,10 +176,14 @@ def main():
     p.add_argument("--frames", type=int, default=32)
     p.add_argument("--sweep", action="store_true")
     p.add_argument("--pieces", action="store_true", help="time each kernel of a residual unit too")
+    p.add_argument("--large-tiles", action="store_true",
+                   help="the kernel with the 64-row tiles at every size (conv_kernel.large_tiles)")
     p.add_argument("--json", type=Path)
     args = p.parse_args()
     global PIECES
     PIECES = args.pieces
+    if args.large_tiles:
+        ck.tiles_for = lambda c_in, c_out, positions: ck.large_tiles(c_in, c_out)
     torch.backends.cuda.matmul.allow_tf32 = True
     rows, length = args.rows, args.frames * POSITIONS_PER_FRAME
     layers = [(f"conv in {LATENT}->{DIMS[0]}", lambda n=length: plain_conv(rows, n, LATENT, DIMS[0], False, False),
@@ -205,7 +209,7 @@ def main():
             timed = sweep(rows, *shape)
             if timed:
                 entry["sweep"] = [{"ms": ms, "tiles": vars(t)} for ms, t in timed[:5]]
-                default = [ms for ms, t in timed if t == ck.tiles_for(shape[1], shape[2])]
+                default = [ms for ms, t in timed if t == ck.tiles_for(shape[1], shape[2], rows * shape[0])]
                 line += f"  | conv alone: best {timed[0][0]:.3f} {timed[0][1]}, default {default[0] if default else float('nan'):.3f}"
             if name.startswith("unit"):  # and its 1x1 conv
                 timed = sweep(rows, shape[0], shape[1], shape[2], 1, 1)

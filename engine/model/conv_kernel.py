@@ -178,12 +178,29 @@ class Tiles:
     stages: int = 3
 
 
-def tiles_for(c_in: int, c_out: int) -> Tiles:
-    """The tiles used for a shape (the best of `scripts/bench_conv_kernel.py --sweep` on an H100)."""
+def large_tiles(c_in: int, c_out: int) -> Tiles:
+    """The best tiles of `scripts/bench_conv_kernel.py --sweep` on an H100, 64 rows x 32 frames."""
     block_k = 64 if c_in % 64 == 0 else 32 if c_in % 32 == 0 else 16  # 16: masked channels if not a multiple
     if c_out > 128:
         return Tiles(128, 256, block_k, warps=8, stages=3)
     return Tiles(128, max(32, triton.next_power_of_2(c_out)), block_k, warps=4, stages=4 if block_k == 32 else 3)
+
+
+MIN_PROGRAMS = 264  # two per SM of an H100
+
+
+def tiles_for(c_in: int, c_out: int, positions: int) -> Tiles:
+    """large_tiles(), or smaller ones where those would leave SMs idle: a call of a few rows and
+    frames has few positions, and each program then streams a large share of the weights alone."""
+    tiles = large_tiles(c_in, c_out)
+    for block_m, block_n in ((tiles.block_m, tiles.block_n), (64, 128), (64, 64), (64, 32)):
+        if block_n > tiles.block_n:
+            continue
+        if triton.cdiv(positions, block_m) * triton.cdiv(c_out, block_n) >= MIN_PROGRAMS:
+            break
+    if (block_m, block_n) == (tiles.block_m, tiles.block_n):
+        return tiles
+    return Tiles(block_m, block_n, tiles.block_k, warps=4, stages=4 if tiles.block_k == 32 else 3)
 
 
 def conv(x: Tensor, taps: Tensor, bias: Tensor, dilation: int, epilogue: Epilogue = Epilogue(),
@@ -194,7 +211,7 @@ def conv(x: Tensor, taps: Tensor, bias: Tensor, dilation: int, epilogue: Epilogu
     c_out = taps.shape[1]
     k = taps.shape[0] // c_in
     length = full_length - (k - 1) * dilation
-    tiles = tiles or tiles_for(c_in, c_out)
+    tiles = tiles or tiles_for(c_in, c_out, batch * length)
     if x.stride(2) != 1 or x.stride(1) != c_in:
         raise ValueError(f"x must be (B, T, C_in) with rows contiguous, got strides {x.stride()}")
     out = torch.empty(batch, length, c_out, device=x.device, dtype=x.dtype)
