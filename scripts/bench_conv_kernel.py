@@ -1,10 +1,12 @@
-"""Time the codec decoder's layers as the engine runs them against the channels-last Triton kernels
-of engine/model/conv_kernel.py, for one codec call of R rows x F frames, on CUDA.
+"""Time the codec decoder's layers channels-first against the channels-last Triton kernels of
+engine/model/conv_kernel.py (the engine's path with Triton), for one codec call of R rows x F frames.
 
 For every residual unit, transposed convolution and the two end convolutions of S1-mini's decoder
 (random weights of its shapes), in bf16, each form captured in a CUDA graph:
-  engine  (B, C, T) activations: the Triton pointwise passes, cuDNN or im2col (the faster, as the
-          engine's tuned convolutions choose), the 1x1 conv as a matmul;
+  engine  (B, C, T) activations, as the engine streams them without Triton: the eager pointwise
+          passes, cuDNN or im2col (the faster, as its tuned convolutions choose), the 1x1 conv as a
+          matmul (before the channels-last decoder, 1213308, the pointwise passes were Triton kernels
+          of their own: docs/PERFORMANCE.md gives both);
   kernel  (B, T, C) activations: the context Snake, then conv_kernel.conv with its epilogues.
 --sweep also times the kernel's tile settings per convolution shape and prints the best.
 
@@ -24,7 +26,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from engine.model import codec_kernels, conv_kernel as ck  # noqa: E402
+from engine.model import codec as pointwise, conv_kernel as ck  # noqa: E402
 from engine.model.tuned_conv import conv1d_im2col  # noqa: E402
 
 DTYPE = torch.bfloat16
@@ -75,9 +77,9 @@ def residual_unit(rows, length, c, dilation):
     conv7 = best_conv(torch.cat([context, x], -1), w7, dilation)
 
     def engine():
-        full = codec_kernels.context_snake(context, x, alpha, EPS)
-        y = codec_kernels.biased_snake(conv7(full), b7, alpha, EPS)
-        return codec_kernels.biased_residual(x, torch.matmul(w1[..., 0], y), b1)
+        full = pointwise.context_snake(context, x, alpha[:, None], EPS)
+        y = pointwise.biased_snake(conv7(full), b7, alpha[:, None], EPS)
+        return pointwise.biased_residual(x, torch.matmul(w1[..., 0], y), b1)
 
     x_cl, context_cl = x.transpose(1, 2).contiguous(), context.transpose(1, 2).contiguous()
     taps7, taps1 = ck.taps_of(w7), ck.taps_of(w1)
@@ -105,7 +107,7 @@ def transposed(rows, length, c_in, c_out, stride):
     x, carry = rand(rows, c_in, length), rand(rows, c_out, stride)
 
     def engine():  # codec_stream._ConvTranspose after the block's Snake
-        y = F.conv_transpose1d(codec_kernels.snake(x, alpha, EPS), w, None, stride)
+        y = F.conv_transpose1d(pointwise.snake(x, alpha[:, None], EPS), w, None, stride)
         y[..., :stride] += carry
         return y[..., :length * stride] + b[:, None]
 
@@ -125,7 +127,7 @@ def plain_conv(rows, length, c_in, c_out, snake_first, tanh):
     x, context = rand(rows, c_in, length), rand(rows, c_in, 6)
 
     def engine():
-        full = codec_kernels.context_snake(context, x, alpha, EPS) if snake_first else torch.cat([context, x], -1)
+        full = pointwise.context_snake(context, x, alpha[:, None], EPS) if snake_first else torch.cat([context, x], -1)
         y = conv(full) + b[:, None]
         return torch.tanh(y) if tanh else y
 

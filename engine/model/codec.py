@@ -14,8 +14,6 @@ Every conv is causal (left padding only), so the codec is ready for chunked stre
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -130,10 +128,9 @@ class Snake1d(nn.Module):
         super().__init__()
         self.alpha = nn.Parameter(torch.empty(1, channels, 1))
         self.eps = eps
-        self.function = snake  # Decoder.use_pointwise swaps in a kernel
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.function(x, self.alpha, self.eps)
+        return snake(x, self.alpha, self.eps)
 
 
 def context_snake(context: Tensor, x: Tensor, alpha: Tensor, eps: float) -> Tensor:
@@ -151,16 +148,6 @@ def biased_residual(x: Tensor, y: Tensor, bias: Tensor) -> Tensor:
     return x + (y + bias[:, None])
 
 
-@dataclass(frozen=True)
-class ResidualPointwise:
-    """The pointwise work around a residual unit's two convs when it streams (codec_stream): eager
-    here; Decoder.use_pointwise swaps in kernels (one each, engine/model/codec_kernels.py)."""
-
-    context_snake: Callable = context_snake
-    biased_snake: Callable = biased_snake
-    biased_residual: Callable = biased_residual
-
-
 class ResidualUnit(nn.Module):
     def __init__(self, dim: int, dilation: int, snake_eps: float):
         super().__init__()
@@ -170,7 +157,6 @@ class ResidualUnit(nn.Module):
             Snake1d(dim, snake_eps),
             CausalConv1d(dim, dim, 1),
         )
-        self.pointwise = ResidualPointwise()
 
     def forward(self, x: Tensor) -> Tensor:
         return x + self.block(x)
@@ -487,17 +473,6 @@ class Decoder(nn.Module):
         its Triton kernels, or their PyTorch forms), in the decoders built after this call
         (engine/model/channels_last_decoder.py)."""
         self.channels_last = ops
-
-    def use_pointwise(self, snake_fn: Callable, residual: ResidualPointwise) -> None:
-        """Every Snake runs snake_fn, and every residual unit streams its pointwise work with `residual`
-        (engine/model/codec_kernels.py). Eager, that work is most of the decoder's memory traffic
-        (docs/PERFORMANCE.md); the encoder keeps the eager ops, so that a reference clip's codes stay
-        those of the reference implementation."""
-        for module in self.modules():
-            if isinstance(module, Snake1d):
-                module.function = snake_fn
-            elif isinstance(module, ResidualUnit):
-                module.pointwise = residual
 
 
 # --------------------------------------------------------------------------------------------------

@@ -17,8 +17,9 @@ an unknown module type is an error, so an architecture change cannot stream sile
 The decoder's residual units (most of its work) stream as convolutions without their biases and
 three pointwise passes: Snake into the dilated conv's left context, bias + Snake, bias + residual;
 the 1x1 conv is a matmul, which needs no layout change (cuDNN converts NCHW to NHWC and back around
-it). With the engine's kernels (Decoder.use_pointwise), each pass is one kernel. The encoder's units keep the
-module's own ops, so that reference codes stay the reference implementation's.
+it). The encoder's units keep the module's own ops, so that reference codes stay the reference
+implementation's. With Triton on CUDA the engine streams the decoder channels-last instead
+(Decoder.use_channels_last, engine/model/channels_last_decoder.py): a residual unit is then two kernels.
 
 State lives in buffers of fixed shape updated in place, the transformer's position is a device
 tensor, and the per-chunk path makes no host syncs, so a chunk of fixed size can be captured in a
@@ -60,6 +61,9 @@ from .codec import (
     WindowLimitedTransformer,
     WNConv,
     apply_rope,
+    biased_residual,
+    biased_snake,
+    context_snake,
     rope_table,
     weight_norm,
 )
@@ -172,13 +176,12 @@ class _FusedResidual(_Streamer):
 
     def step(self, x: Tensor, rows: Rows | None) -> Tensor:
         first_snake, dilated, second_snake, pointwise = self.m.block
-        ops = self.m.pointwise
         full = self.dilated.with_context(
-            x, rows, lambda context, new: ops.context_snake(context, new, first_snake.alpha, first_snake.eps))
+            x, rows, lambda context, new: context_snake(context, new, first_snake.alpha, first_snake.eps))
         y = _convolve_unbiased(dilated.conv, full)
-        y = ops.biased_snake(y, dilated.conv.bias, second_snake.alpha, second_snake.eps)
+        y = biased_snake(y, dilated.conv.bias, second_snake.alpha, second_snake.eps)
         y = torch.matmul(_weight(pointwise.conv).to(y.dtype)[..., 0], y)
-        return ops.biased_residual(x, y, pointwise.conv.bias)
+        return biased_residual(x, y, pointwise.conv.bias)
 
     def reset(self, rows: Rows | None) -> None:
         self.dilated.reset(rows)
