@@ -2,13 +2,13 @@
 # per call (PARTS), results packed after every part (a call cut short still brings back what it finished).
 # Set S1_COMMIT by hand (the device's copy of the repository has a stale HEAD). The base tree, main at
 # 1213308, in a folder .git/info/exclude ignores, carried with the call (and .cl1 the same way, the branch
-# at ac75acd, before the smaller tiles for small calls):
+# at ac75acd, before the smaller tiles for small calls; .m2 main at 3ea75ab, before the feeds):
 #   rm -rf .base && mkdir .base && git archive 1213308 engine scripts assets app pytest.ini launch.py | tar -x -C .base
 # Parts:
 #   cltests:  the GPU tests of the channels-last decoder and of codec streaming
 #   alltests: the engine's GPU tests (test_gpu.py, test_engine_batching.py, test_codec_runner.py)
 #   codec:    scripts/profile_codec_calls.py per tree in TREES (a codec call's fixed and per-row cost)
-#   bench:    scripts/bench_conv_kernel.py at 1 row x 4 frames and 8 rows x 32 frames, the tiles by size and large
+#   bench:    scripts/bench_conv_kernel.py at 1 row x 4 frames, 8 and 64 rows x 32 frames
 #   kernels:  the codec's kernels by GPU time, one row x 4 frames and 8 rows x 32 frames (profile_batch)
 #   http:     one server per tree in TREES: the sustained mix twice (64 clients x 8), one stream's first audio
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
@@ -54,12 +54,13 @@ for PART in ${PARTS:?name the parts}; do
         --row-buckets 1,4,8,16,32,64 --json $R/codec-calls-$tree.json 2>&1 | grep -v Warn | sed "s/^/$tree: /")
     done ;;
   bench)
+    # BENCH_TILES (after call 8): "large" also times every size with conv_kernel.large_tiles
     for shape in "1 4" "8 32" "64 32"; do
       set -- $shape
-      for tiles in "" --large-tiles; do
-        PYTHONPATH=/tmp/site:. timeout 120 python scripts/bench_conv_kernel.py --rows $1 --frames $2 $tiles \
-          --json $R/bench-$1x$2$tiles.json 2>&1 | grep total | sed "s/^/$1 x $2 $tiles: /"
-      done
+      PYTHONPATH=/tmp/site:. timeout 120 python scripts/bench_conv_kernel.py --rows $1 --frames $2 --pieces \
+        --json $R/bench-$1x$2.json 2>&1 | grep -v Warn | sed "s/^/$1 x $2: /" | tee -a $R/bench.txt | grep total
+      [ "$BENCH_TILES" = large ] && PYTHONPATH=/tmp/site:. timeout 120 python scripts/bench_conv_kernel.py --rows $1 \
+        --frames $2 --large-tiles --json $R/bench-$1x$2-large.json 2>&1 | grep total | sed "s/^/$1 x $2 large tiles: /"
     done ;;
   kernels)
     for shape in "1 4" "8 32"; do
