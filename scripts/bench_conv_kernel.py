@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from graph_timing import microseconds_per_call  # noqa: E402  (this script's folder)
 
 from engine.model import codec as pointwise, conv_kernel as ck  # noqa: E402
 from engine.model.tuned_conv import conv1d_im2col  # noqa: E402
@@ -38,22 +39,7 @@ PIECES = False
 
 def milliseconds(fn, repeats: int = 10) -> float:
     """GPU time of one call of fn, replayed from a CUDA graph."""
-    stream = torch.cuda.Stream()
-    with torch.cuda.stream(stream):
-        fn()
-        fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    graph.replay()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(repeats):
-        graph.replay()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / repeats
+    return microseconds_per_call(lambda i: fn(), calls=1, replays=repeats) / 1000
 
 
 def best_conv(x, weight, dilation):
