@@ -54,13 +54,17 @@ for PART in ${PARTS:?name the parts}; do
         --row-buckets 1,4,8,16,32,64 --json $R/codec-calls-$tree.json 2>&1 | grep -v Warn | sed "s/^/$tree: /")
     done ;;
   bench)
-    # BENCH_TILES (after call 8): "large" also times every size with conv_kernel.large_tiles
-    for shape in "1 4" "8 32" "64 32"; do
-      set -- $shape
-      PYTHONPATH=/tmp/site:. timeout 120 python scripts/bench_conv_kernel.py --rows $1 --frames $2 --pieces \
-        --json $R/bench-$1x$2.json 2>&1 | grep -v Warn | sed "s/^/$1 x $2: /" | tee -a $R/bench.txt | grep total
-      [ "$BENCH_TILES" = large ] && PYTHONPATH=/tmp/site:. timeout 120 python scripts/bench_conv_kernel.py --rows $1 \
-        --frames $2 --large-tiles --json $R/bench-$1x$2-large.json 2>&1 | grep total | sed "s/^/$1 x $2 large tiles: /"
+    # BENCH_TILES (after call 8): "large" also times every size with conv_kernel.large_tiles;
+    # BENCH_TREES (after call 10): the trees to bench, one after the other
+    for tree in ${BENCH_TREES:-cl}; do
+      for shape in ${BENCH_SHAPES:-"1 4" "8 32" "64 32"}; do
+        set -- $shape
+        (cd $(dir_of $tree) && PYTHONPATH=/tmp/site:. timeout 120 python scripts/bench_conv_kernel.py --rows $1 --frames $2 \
+          --pieces --json $R/bench-$tree-$1x$2.json 2>&1 | grep -v Warn | sed "s/^/$tree $1 x $2: /" | tee -a $R/bench.txt \
+          | grep total)
+        [ "$BENCH_TILES" = large ] && (cd $(dir_of $tree) && PYTHONPATH=/tmp/site:. timeout 120 python scripts/bench_conv_kernel.py \
+          --rows $1 --frames $2 --large-tiles --json $R/bench-$tree-$1x$2-large.json 2>&1 | grep total | sed "s/^/$tree $1 x $2 large tiles: /")
+      done
     done ;;
   kernels)
     for shape in "1 4" "8 32"; do
