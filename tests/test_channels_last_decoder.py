@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.model import conv_kernel as ck
+from engine.model.channels_last_decoder import ChannelsLastDecoder
 from engine.model.codec import load_codec, random_codec
 from engine.model.codec_config import CodecConfig
 from engine.model.codec_stream import StreamingDecoder, decode_chunked
@@ -80,6 +81,33 @@ def test_channels_last_rows_start_apart_reset_and_decode_together(fixture_codec)
         assert max_diff(unreset.decode(b), fixture_codec.decode(b)) > 1e-2  # the context is really carried
 
 
+def test_use_channels_last_streams_through_the_channels_last_decoder(fixture_codec):
+    with torch.inference_mode():  # built as the engine builds it; decoded outside inference mode below
+        decoder = StreamingDecoder(channels_last(fixture_codec), batch=1)
+    assert isinstance(decoder._dec, ChannelsLastDecoder)
+    assert not isinstance(StreamingDecoder(fixture_codec)._dec, ChannelsLastDecoder)
+    codes = random_codes(fixture_codec.config, 1, 9, seed=6)
+    assert max_diff(torch.cat([decoder.decode(codes[..., :4]), decoder.decode(codes[..., 4:])], -1),
+                    fixture_codec.decode(codes)) <= FP32_ATOL
+    with pytest.raises(ValueError, match="no channels-last operations"):
+        copy.deepcopy(fixture_codec).decoder.use_channels_last(None)
+
+
+def test_set_up_decoder_streams_channels_last_with_triton_and_tunes_convs_without(fixture_codec, monkeypatch):
+    from engine.compilation import CompilePolicy as Policy
+    from engine.model.tuned_conv import ShapeTunedConv1d
+    from engine.runtime.codec_runner import set_up_decoder
+
+    monkeypatch.setattr(ck, "TRITON_OPS", ck.TORCH_OPS)  # stands in for the kernels on a machine without Triton
+    with_triton, without = copy.deepcopy(fixture_codec), copy.deepcopy(fixture_codec)
+    set_up_decoder(with_triton.decoder, Policy(compile=True, cuda_graphs=True, reason="test"))
+    set_up_decoder(without.decoder, Policy(compile=False, cuda_graphs=True, reason="test"))
+    assert with_triton.decoder.channels_last is ck.TORCH_OPS
+    assert not any(isinstance(m, ShapeTunedConv1d) for m in with_triton.decoder.modules())
+    assert without.decoder.channels_last is None
+    assert any(isinstance(m, ShapeTunedConv1d) for m in without.decoder.modules())
+
+
 # --- the Triton kernels --------------------------------------------------------------------------
 
 
@@ -89,11 +117,15 @@ def triton_ops():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("tiles", ["by size", "large"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("c_in, c_out, k, dilation", [(96, 96, 7, 9), (192, 384, 2, 1), (6, 1, 7, 1), (24, 12, 1, 1)])
-def test_conv_kernel_equals_its_pytorch_form(dtype, c_in, c_out, k, dilation):
-    """Every epilogue, on full-size and odd channel counts; fp32 with TF32 off (IEEE dots)."""
+def test_conv_kernel_equals_its_pytorch_form(dtype, c_in, c_out, k, dilation, tiles):
+    """Every epilogue, on full-size and odd channel counts; fp32 with TF32 off (IEEE dots). 1,500
+    positions take small tiles by size; "large" forces the tiles of full-size calls (fp32's fit the
+    shared memory too)."""
     ops = triton_ops()
+    chosen = ck.large_tiles(c_in, c_out, dtype.itemsize) if tiles == "large" else None
     gen = torch.Generator(device="cuda").manual_seed(c_in)
     x = torch.randn(3, 500 + (k - 1) * dilation, c_in, device="cuda", generator=gen).to(dtype)
     taps = (torch.randn(k * c_in, c_out, device="cuda", generator=gen) / (k * c_in) ** 0.5).to(dtype)
@@ -105,7 +137,8 @@ def test_conv_kernel_equals_its_pytorch_form(dtype, c_in, c_out, k, dilation):
     try:
         for epilogue in (ck.Epilogue(), ck.Epilogue(alpha=alpha, eps=1e-9), ck.Epilogue(residual=residual),
                          ck.Epilogue(tanh=True)):
-            got, expected = ops.conv(x, taps, bias, dilation, epilogue), ck.conv_taps(x, taps, bias, dilation, epilogue)
+            got = ops.conv(x, taps, bias, dilation, epilogue, tiles=chosen)
+            expected = ck.conv_taps(x, taps, bias, dilation, epilogue)
             tolerance = dict(rtol=1e-4, atol=1e-4) if dtype == torch.float32 else dict(rtol=1.6e-2, atol=1.6e-2)
             torch.testing.assert_close(got.float(), expected.float(), **tolerance)
         context, part = x[:, :54].contiguous(), x[:, 54:].contiguous()

@@ -10,8 +10,9 @@ followed by the chunk, with the Snake before it applied on the way (one context-
                           6 * dilation steps), 1x1 conv with the residual add in its epilogue
   Snake, conv out, tanh   context 6 steps, tanh in the epilogue
 Every context is stored after its Snake, as codec_stream's streamers keep theirs, and a reset zeroes
-it: the whole decode's causal zero padding. The weights are copied once, as the kernel reads them
-(~0.1 GB in bf16 for S1-mini): do not change the codec's weights after building a decoder on it.
+it: the whole decode's causal zero padding. The convolutions' weights are copied once, as the kernel
+reads them (~0.1 GB in bf16 for S1-mini); biases and Snake alphas are the codec's own. Do not change
+the codec's weights after building a decoder on it.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from .codec import CausalConv1d, CausalConvTranspose1d, Decoder, DecoderBlock, ResidualUnit, Snake1d, WNConv, weight_norm
+from .codec import CausalConv1d, CausalConvTranspose1d, Decoder, DecoderBlock, ResidualUnit, Snake1d
 from .codec_stream import _read, _weight, _write, _zero
 from .conv_kernel import ChannelsLastOps, Epilogue, taps_of, transposed_as_taps
 
@@ -44,7 +45,7 @@ class ChannelsLastDecoder:
     def __init__(self, decoder: Decoder, batch: int, ops: ChannelsLastOps):
         self.ops = ops
         parts = list(decoder.model)
-        conv_in, blocks, (last_snake, conv_out, _tanh) = parts[0], parts[1:-3], parts[-3:]
+        conv_in, blocks, (last_snake, conv_out, tanh) = parts[0], parts[1:-3], parts[-3:]
         p = next(decoder.parameters())
         self._dtype, self._device, self._batch = p.dtype, p.device, batch
         self.conv_in = self._conv_layer(conv_in, None)
@@ -55,7 +56,7 @@ class ChannelsLastDecoder:
             snake, transposed, *units = block.block
             self.blocks.append((self._transposed_layer(transposed, snake), transposed.stride,
                                 [self._unit(unit) for unit in units]))
-        if not isinstance(last_snake, Snake1d):
+        if not isinstance(last_snake, Snake1d) or not isinstance(tanh, nn.Tanh):
             raise TypeError("the decoder is expected to end with Snake, conv, tanh")
         self.conv_out = self._conv_layer(conv_out, last_snake)
 
@@ -66,15 +67,19 @@ class ChannelsLastDecoder:
             return torch.zeros(self._batch, steps, channels, device=self._device, dtype=self._dtype)
 
     def _conv_layer(self, m: CausalConv1d, snake: Snake1d | None) -> _Layer:
-        if not isinstance(m, CausalConv1d) or m.stride != 1:
-            raise TypeError(f"a stride-1 causal conv is expected, got {type(m).__name__}")
+        if (not isinstance(m, CausalConv1d) or m.stride != 1
+                or isinstance(m.conv, nn.Conv1d) and (m.conv.padding != (0,) or m.conv.groups != 1)):
+            raise TypeError(f"a stride-1, unpadded, ungrouped causal conv is expected, got {m}")
         weight, dilation = _weight(m.conv), _dilation(m.conv)
         return self._layer(taps_of(weight), m.conv.bias, dilation, (weight.shape[-1] - 1) * dilation,
                            weight.shape[1], snake)
 
     def _transposed_layer(self, m: CausalConvTranspose1d, snake: Snake1d) -> _Layer:
         conv = m.conv
-        weight = weight_norm(*conv.g_v) if isinstance(conv, WNConv) else conv.weight
+        if isinstance(conv, nn.ConvTranspose1d) and (conv.padding, conv.output_padding, conv.dilation, conv.groups) \
+                != ((0,), (0,), (1,), 1):
+            raise TypeError(f"a plain transposed conv is expected, got {conv}")
+        weight = _weight(conv)
         return self._layer(transposed_as_taps(weight), conv.bias.repeat(m.stride), 1, 1, weight.shape[0], snake)
 
     def _unit(self, unit: ResidualUnit) -> tuple[_Layer, Snake1d, _Layer]:
@@ -82,8 +87,9 @@ class ChannelsLastDecoder:
         return self._conv_layer(dilated, first_snake), second_snake, self._conv_layer(pointwise, None)
 
     def _layer(self, taps, bias, dilation, context_steps, c_in, snake: Snake1d | None) -> _Layer:
-        with torch.inference_mode(False):
-            taps, bias = taps.to(self._dtype).contiguous(), bias.detach().to(self._dtype).contiguous()
+        if snake is not None and not context_steps:
+            raise TypeError("a Snake before a convolution without context is not streamed here")
+        taps, bias = taps.to(self._dtype).contiguous(), bias.detach().to(self._dtype).contiguous()
         alpha = None if snake is None else snake.alpha.detach().reshape(-1).contiguous()
         return _Layer(taps, bias, dilation, self._context(context_steps, c_in), alpha,
                       0.0 if snake is None else snake.eps)
@@ -91,7 +97,7 @@ class ChannelsLastDecoder:
     # --- streaming ------------------------------------------------------------------------------
 
     def step(self, x: Tensor, rows) -> Tensor:
-        h = self._apply(self.conv_in, x.transpose(1, 2).contiguous(), rows)
+        h = self._apply(self.conv_in, x.transpose(1, 2).to(self._dtype).contiguous(), rows)
         for transposed, stride, units in self.blocks:
             batch, steps, _ = h.shape
             h = self._apply(transposed, h, rows).view(batch, steps * stride, -1)

@@ -472,6 +472,8 @@ class Decoder(nn.Module):
         """Stream this decoder on channels-last activations with `ops` (engine/model/conv_kernel.py:
         its Triton kernels, or their PyTorch forms), in the decoders built after this call
         (engine/model/channels_last_decoder.py)."""
+        if ops is None:
+            raise ValueError("no channels-last operations given (conv_kernel.TRITON_OPS is None without Triton)")
         self.channels_last = ops
 
 

@@ -99,7 +99,7 @@ if triton is not None:
 
     @triton.jit
     def _snake(x, alpha, eps, fast_sin: tl.constexpr):
-        """x + sin(alpha x)^2 / (alpha + eps), in fp32. fast_sin: the GPU's sin.approx (absolute error
+        """x + sin(alpha x)^2 / (alpha + eps), in fp32. fast_sin: NVIDIA's sin.approx (absolute error
         ~1e-6 for |alpha x| < 100, far below the bf16 rounding of the result); libdevice's sinf, which
         the interpreter runs, made a conv with this epilogue three times slower on an H100."""
         if fast_sin:
@@ -178,9 +178,13 @@ class Tiles:
     stages: int = 3
 
 
-def large_tiles(c_in: int, c_out: int) -> Tiles:
-    """The best tiles of `scripts/bench_conv_kernel.py --sweep` on an H100, 64 rows x 32 frames."""
+def large_tiles(c_in: int, c_out: int, element_size: int = 2) -> Tiles:
+    """The best tiles of `scripts/bench_conv_kernel.py --sweep` on an H100, 64 rows x 32 frames, in
+    bf16. fp32 operands take twice the shared memory per stage: their K blocks are at most 32 (a
+    128 x 256 tile with K 64 would need ~288 KB over 3 stages, more than an H100's 227)."""
     block_k = 64 if c_in % 64 == 0 else 32 if c_in % 32 == 0 else 16  # 16: masked channels if not a multiple
+    if element_size > 2:
+        block_k = min(block_k, 32)
     if c_out > 128:
         return Tiles(128, 256, block_k, warps=8, stages=3)
     return Tiles(128, max(32, triton.next_power_of_2(c_out)), block_k, warps=4, stages=4 if block_k == 32 else 3)
@@ -189,10 +193,10 @@ def large_tiles(c_in: int, c_out: int) -> Tiles:
 MIN_PROGRAMS = 264  # two per SM of an H100
 
 
-def tiles_for(c_in: int, c_out: int, positions: int) -> Tiles:
+def tiles_for(c_in: int, c_out: int, positions: int, element_size: int = 2) -> Tiles:
     """large_tiles(), or smaller ones where those would leave SMs idle: a call of a few rows and
     frames has few positions, and each program then streams a large share of the weights alone."""
-    tiles = large_tiles(c_in, c_out)
+    tiles = large_tiles(c_in, c_out, element_size)
     for block_m, block_n in ((tiles.block_m, tiles.block_n), (64, 128), (64, 64), (64, 32)):
         if block_n > tiles.block_n:
             continue
@@ -203,6 +207,11 @@ def tiles_for(c_in: int, c_out: int, positions: int) -> Tiles:
     return Tiles(block_m, block_n, tiles.block_k, warps=4, stages=4 if tiles.block_k == 32 else 3)
 
 
+def _has_ptx(x: Tensor) -> bool:
+    """Whether x's kernels compile to NVIDIA's PTX, which has sin.approx (ROCm's do not)."""
+    return x.is_cuda and torch.version.hip is None
+
+
 def conv(x: Tensor, taps: Tensor, bias: Tensor, dilation: int, epilogue: Epilogue = Epilogue(),
          tiles: Tiles | None = None) -> Tensor:
     """conv_taps() as one Triton kernel: x (B, T + (k - 1) * dilation, C_in) contiguous in its last
@@ -211,19 +220,23 @@ def conv(x: Tensor, taps: Tensor, bias: Tensor, dilation: int, epilogue: Epilogu
     c_out = taps.shape[1]
     k = taps.shape[0] // c_in
     length = full_length - (k - 1) * dilation
-    tiles = tiles or tiles_for(c_in, c_out, batch * length)
-    if x.stride(2) != 1 or x.stride(1) != c_in:
+    if taps.shape[0] != k * c_in or length < 1 or taps.dtype != x.dtype:
+        raise ValueError(f"taps {tuple(taps.shape)} {taps.dtype} do not fit x {tuple(x.shape)} {x.dtype} "
+                         f"with dilation {dilation}: (k * C_in, C_out) in x's dtype, and x longer than the taps reach")
+    if x.stride(2) != 1 or (full_length > 1 and x.stride(1) != c_in):
         raise ValueError(f"x must be (B, T, C_in) with rows contiguous, got strides {x.stride()}")
+    tiles = tiles or tiles_for(c_in, c_out, batch * length, x.element_size())
+    alpha = None if epilogue.alpha is None else epilogue.alpha.reshape(c_out).contiguous()
     out = torch.empty(batch, length, c_out, device=x.device, dtype=x.dtype)
     residual = epilogue.residual
     if residual is not None and (residual.shape != out.shape or not residual.is_contiguous()):
         raise ValueError(f"the residual must be contiguous {tuple(out.shape)}, got {tuple(residual.shape)}")
     grid = (triton.cdiv(length, tiles.block_m), batch, triton.cdiv(c_out, tiles.block_n))
-    _conv_kernel[grid](x, taps, bias, epilogue.alpha if epilogue.alpha is not None else bias,
+    _conv_kernel[grid](x, taps, bias, alpha if alpha is not None else bias,
                        residual if residual is not None else out, out,
                        length, x.stride(0), c_in, c_out, dilation, k * triton.cdiv(c_in, tiles.block_k), epilogue.eps,
-                       snake=epilogue.alpha is not None, residual=residual is not None, tanh=epilogue.tanh,
-                       fast_sin=x.is_cuda, even_k=c_in % tiles.block_k == 0,
+                       snake=alpha is not None, residual=residual is not None, tanh=epilogue.tanh,
+                       fast_sin=_has_ptx(x), even_k=c_in % tiles.block_k == 0,
                        precision="tf32" if torch.backends.cudnn.allow_tf32 else "ieee",
                        block_m=tiles.block_m, block_n=tiles.block_n, block_k=tiles.block_k,
                        num_warps=tiles.warps, num_stages=tiles.stages)
@@ -239,7 +252,7 @@ def context_snake(context: Tensor, x: Tensor, alpha: Tensor, eps: float) -> Tens
     block_t = max(1, 4096 // block_c)
     grid = (triton.cdiv(context_length + length, block_t), batch)
     _context_snake_kernel[grid](context.contiguous(), x.contiguous(), alpha.reshape(channels).contiguous(), out,
-                                context_length, length, channels, eps, fast_sin=x.is_cuda,
+                                context_length, length, channels, eps, fast_sin=_has_ptx(x),
                                 block_t=block_t, block_c=block_c)
     return out
 
