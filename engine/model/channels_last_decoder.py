@@ -23,7 +23,7 @@ import torch
 from torch import Tensor, nn
 
 from .codec import CausalConv1d, CausalConvTranspose1d, Decoder, DecoderBlock, ResidualUnit, Snake1d
-from .codec_stream import _read, _weight, _write, _zero
+from .codec_stream import _read, _state, _weight, _write, _zero
 from .conv_kernel import ChannelsLastOps, Epilogue, taps_of, transposed_as_taps
 
 
@@ -46,8 +46,8 @@ class ChannelsLastDecoder:
         self.ops = ops
         parts = list(decoder.model)
         conv_in, blocks, (last_snake, conv_out, tanh) = parts[0], parts[1:-3], parts[-3:]
-        p = next(decoder.parameters())
-        self._dtype, self._device, self._batch = p.dtype, p.device, batch
+        self._decoder, self._batch = decoder, batch
+        self._dtype = next(decoder.parameters()).dtype
         self.conv_in = self._conv_layer(conv_in, None)
         self.blocks = []  # (transposed layer, stride, [(dilated layer, second Snake, 1x1 layer)])
         for block in blocks:
@@ -61,10 +61,6 @@ class ChannelsLastDecoder:
         self.conv_out = self._conv_layer(conv_out, last_snake)
 
     # --- construction ---------------------------------------------------------------------------
-
-    def _context(self, steps: int, channels: int) -> Tensor:
-        with torch.inference_mode(False):  # a normal tensor: updatable in place inside or outside inference mode
-            return torch.zeros(self._batch, steps, channels, device=self._device, dtype=self._dtype)
 
     def _conv_layer(self, m: CausalConv1d, snake: Snake1d | None) -> _Layer:
         if (not isinstance(m, CausalConv1d) or m.stride != 1
@@ -91,7 +87,8 @@ class ChannelsLastDecoder:
             raise TypeError("a Snake before a convolution without context is not streamed here")
         taps, bias = taps.to(self._dtype).contiguous(), bias.detach().to(self._dtype).contiguous()
         alpha = None if snake is None else snake.alpha.detach().reshape(-1).contiguous()
-        return _Layer(taps, bias, dilation, self._context(context_steps, c_in), alpha,
+        context = _state(self._batch, context_steps, c_in, self._decoder)  # laid out (B, steps, C_in)
+        return _Layer(taps, bias, dilation, context, alpha,
                       0.0 if snake is None else snake.eps)
 
     # --- streaming ------------------------------------------------------------------------------

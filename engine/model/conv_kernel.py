@@ -23,6 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from .codec import snake
+
 
 @dataclass(frozen=True)
 class Epilogue:
@@ -74,16 +76,13 @@ def conv_taps(x: Tensor, taps: Tensor, bias: Tensor, dilation: int, epilogue: Ep
 
 def context_snake_taps(context: Tensor, x: Tensor, alpha: Tensor, eps: float) -> Tensor:
     """cat(context, snake(x)) in time, both (B, ., C): a streamed conv's input after a Snake. PyTorch."""
-    a = alpha.float().reshape(-1)
-    y = x.float()
-    y = y + (1.0 / (a + eps)) * torch.sin(a * y) ** 2
+    y = snake(x.float(), alpha.float().reshape(-1), eps)
     return torch.cat([context.to(x.dtype), y.to(x.dtype)], 1)
 
 
 def _finish(y: Tensor, epilogue: Epilogue) -> Tensor:
     if epilogue.alpha is not None:
-        alpha = epilogue.alpha.float()
-        y = y + (1.0 / (alpha + epilogue.eps)) * torch.sin(alpha * y) ** 2
+        y = snake(y, epilogue.alpha.float().reshape(-1), epilogue.eps)
     if epilogue.residual is not None:
         y = y + epilogue.residual.float()
     return torch.tanh(y) if epilogue.tanh else y
