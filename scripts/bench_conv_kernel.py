@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from graph_timing import microseconds_per_call  # noqa: E402  (this script's folder)
 
 from engine.model import codec as pointwise, conv_kernel as ck  # noqa: E402
-from engine.model.tuned_conv import conv1d_im2col  # noqa: E402
+from engine.model.tuned_conv import ShapeTunedConv1d, tuning  # noqa: E402
 
 DTYPE = torch.bfloat16
 EPS = 1e-9
@@ -43,11 +43,14 @@ def milliseconds(fn, repeats: int = 10) -> float:
 
 
 def best_conv(x, weight, dilation):
-    """The engine's tuned choice: cuDNN or im2col, the faster (without the margin)."""
-    cudnn = milliseconds(lambda: F.conv1d(x, weight, None, dilation=dilation))
-    im2col = milliseconds(lambda: conv1d_im2col(x, weight, None, dilation))
-    return (lambda t: F.conv1d(t, weight, None, dilation=dilation)) if cudnn <= im2col else \
-        (lambda t: conv1d_im2col(t, weight, None, dilation))
+    """The convolution as the engine runs it without Triton: a ShapeTunedConv1d, timed on x's shape."""
+    plain = torch.nn.Conv1d(weight.shape[1], weight.shape[0], weight.shape[2], dilation=dilation, bias=False,
+                            device="meta")
+    plain.weight = torch.nn.Parameter(weight, requires_grad=False)
+    conv = ShapeTunedConv1d.like(plain)
+    with tuning(conv):
+        conv(x)  # cuDNN or im2col, whichever it times faster for this shape
+    return conv
 
 
 def rand(*shape, scale=1.0):
