@@ -174,7 +174,7 @@ def main():
     global PIECES
     PIECES = args.pieces
     if args.large_tiles:
-        ck.tiles_for = lambda c_in, c_out, positions: ck.large_tiles(c_in, c_out)
+        ck.tiles_for = lambda c_in, c_out, rows, length, element_size=2: ck.large_tiles(c_in, c_out, element_size)
     torch.backends.cuda.matmul.allow_tf32 = True
     rows, length = args.rows, args.frames * POSITIONS_PER_FRAME
     layers = [(f"conv in {LATENT}->{DIMS[0]}", lambda n=length: plain_conv(rows, n, LATENT, DIMS[0], False, False),
@@ -200,7 +200,7 @@ def main():
             timed = sweep(rows, *shape)
             if timed:
                 entry["sweep"] = [{"ms": ms, "tiles": vars(t)} for ms, t in timed[:5]]
-                default = [ms for ms, t in timed if t == ck.tiles_for(shape[1], shape[2], rows * shape[0])]
+                default = [ms for ms, t in timed if t == ck.tiles_for(shape[1], shape[2], rows, shape[0])]
                 line += f"  | conv alone: best {timed[0][0]:.3f} {timed[0][1]}, default {default[0] if default else float('nan'):.3f}"
             if name.startswith("unit"):  # and its 1x1 conv
                 timed = sweep(rows, shape[0], shape[1], shape[2], 1, 1)

@@ -112,17 +112,22 @@ if triton is not None:
     def _conv_kernel(x_ptr, taps_ptr, bias_ptr, alpha_ptr, residual_ptr, out_ptr,
                      length, x_row_stride, c_in, c_out, dilation, k_blocks, eps,
                      snake: tl.constexpr, residual: tl.constexpr, tanh: tl.constexpr, fast_sin: tl.constexpr,
-                     even_k: tl.constexpr, precision: tl.constexpr, block_m: tl.constexpr, block_n: tl.constexpr, block_k: tl.constexpr):
+                     even_k: tl.constexpr, wide: tl.constexpr, precision: tl.constexpr,
+                     block_m: tl.constexpr, block_n: tl.constexpr, block_k: tl.constexpr):
         """out[b, t, n] = sum over tap, c of x[b, t + tap * dilation, c] * taps[tap * c_in + c, n], then
         the epilogue. Program (m, b, n): rows t of block m of batch row b, channels of block n.
-        even_k: c_in is a multiple of block_k (no channel masks). precision: of fp32 dots ("tf32" where
-        cuDNN would use TF32, else "ieee")."""
+        even_k: c_in is a multiple of block_k (no channel masks). wide: a batch row's elements do not
+        fit int32 offsets (otherwise only the row's base is 64-bit: a tile of 64-bit offsets cost the
+        epilogue's stores more registers and time). precision: of fp32 dots ("tf32" where cuDNN would
+        use TF32, else "ieee")."""
         row = tl.program_id(1).to(tl.int64)
         t = tl.program_id(0) * block_m + tl.arange(0, block_m)
+        if wide:
+            t = t.to(tl.int64)
         n = tl.program_id(2) * block_n + tl.arange(0, block_n)
         c = tl.arange(0, block_k)
         in_rows, in_channels = t < length, n < c_out
-        x_rows = x_ptr + row * x_row_stride + t[:, None].to(tl.int64) * c_in + c[None, :]
+        x_rows = x_ptr + row * x_row_stride + (t[:, None] * c_in + c[None, :])
         w_cols = taps_ptr + c[:, None] * c_out + n[None, :]
         blocks_per_tap = tl.cdiv(c_in, block_k)
         acc = tl.zeros((block_m, block_n), dtype=tl.float32)
@@ -140,13 +145,14 @@ if triton is not None:
         if snake:
             alpha = tl.load(alpha_ptr + n, mask=in_channels, other=1.0).to(tl.float32)[None, :]
             acc = _snake(acc, alpha, eps, fast_sin)
-        offsets = row * length * c_out + t[:, None].to(tl.int64) * c_out + n[None, :]
+        row_start = row * length * c_out
+        offsets = t[:, None] * c_out + n[None, :]
         mask = in_rows[:, None] & in_channels[None, :]
         if residual:
-            acc += tl.load(residual_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+            acc += tl.load(residual_ptr + row_start + offsets, mask=mask, other=0.0).to(tl.float32)
         if tanh:
             acc = 2.0 / (1.0 + tl.exp(-2.0 * acc)) - 1.0
-        tl.store(out_ptr + offsets, acc.to(out_ptr.dtype.element_ty), mask=mask)
+        tl.store(out_ptr + row_start + offsets, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
     @triton.jit
     def _context_snake_kernel(context_ptr, x_ptr, alpha_ptr, out_ptr, context_length, length, channels, eps,
@@ -192,14 +198,15 @@ def large_tiles(c_in: int, c_out: int, element_size: int = 2) -> Tiles:
 MIN_PROGRAMS = 264  # two per SM of an H100
 
 
-def tiles_for(c_in: int, c_out: int, positions: int, element_size: int = 2) -> Tiles:
+def tiles_for(c_in: int, c_out: int, rows: int, length: int, element_size: int = 2) -> Tiles:
     """large_tiles(), or smaller ones where those would leave SMs idle: a call of a few rows and
-    frames has few positions, and each program then streams a large share of the weights alone."""
+    frames has few positions, and each program then streams a large share of the weights alone.
+    The grid has a program per (block of a row's `length` outputs, row, block of channels)."""
     tiles = large_tiles(c_in, c_out, element_size)
     for block_m, block_n in ((tiles.block_m, tiles.block_n), (64, 128), (64, 64), (64, 32)):
         if block_n > tiles.block_n:
             continue
-        if triton.cdiv(positions, block_m) * triton.cdiv(c_out, block_n) >= MIN_PROGRAMS:
+        if rows * triton.cdiv(length, block_m) * triton.cdiv(c_out, block_n) >= MIN_PROGRAMS:
             break
     if (block_m, block_n) == (tiles.block_m, tiles.block_n):
         return tiles
@@ -224,7 +231,7 @@ def conv(x: Tensor, taps: Tensor, bias: Tensor, dilation: int, epilogue: Epilogu
                          f"with dilation {dilation}: (k * C_in, C_out) in x's dtype, and x longer than the taps reach")
     if x.stride(2) != 1 or (full_length > 1 and x.stride(1) != c_in):
         raise ValueError(f"x must be (B, T, C_in) with rows contiguous, got strides {x.stride()}")
-    tiles = tiles or tiles_for(c_in, c_out, batch * length, x.element_size())
+    tiles = tiles or tiles_for(c_in, c_out, batch, length, x.element_size())
     alpha = None if epilogue.alpha is None else epilogue.alpha.reshape(c_out).contiguous()
     out = torch.empty(batch, length, c_out, device=x.device, dtype=x.dtype)
     residual = epilogue.residual
@@ -236,6 +243,7 @@ def conv(x: Tensor, taps: Tensor, bias: Tensor, dilation: int, epilogue: Epilogu
                        length, x.stride(0), c_in, c_out, dilation, k * triton.cdiv(c_in, tiles.block_k), epilogue.eps,
                        snake=alpha is not None, residual=residual is not None, tanh=epilogue.tanh,
                        fast_sin=_has_ptx(x), even_k=c_in % tiles.block_k == 0,
+                       wide=max(x.stride(0), length * c_out) + tiles.block_m * max(c_in, c_out) >= 2**31,
                        precision="tf32" if torch.backends.cudnn.allow_tf32 else "ieee",
                        block_m=tiles.block_m, block_n=tiles.block_n, block_k=tiles.block_k,
                        num_warps=tiles.warps, num_stages=tiles.stages)
