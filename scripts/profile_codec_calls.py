@@ -8,6 +8,10 @@ For each chunk length the script fits ms = fixed + per_row * bucket over the buc
 what every call costs whatever its rows (the decoder's ~1,500 kernels launched one after another),
 `per_row` what each row adds, padding rows included. Those two numbers say when fewer, fuller calls
 or finer buckets pay (docs/PERFORMANCE.md).
+
+--parts 1x4,8x32 also times a call's four parts for those rows x frames, each in a CUDA graph of
+its own: the codebooks' sum (VQ decode), the quantizer's post-transformer, its upsampler, the
+decoder; with each part's kernel count (torch.profiler, one eager call).
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ def main(argv=None) -> int:
     add_weight_options(p)
     p.add_argument("--rows", type=int, default=64, help="streams the runner holds (the engine's slots)")
     p.add_argument("--row-buckets", help="comma-separated row buckets to capture instead of the runner's own")
+    p.add_argument("--parts", help="comma-separated ROWSxFRAMES calls whose parts to time (e.g. 1x4,8x32)")
     p.add_argument("--json", type=Path)
     args = parse_with_weights(p, argv)
 
@@ -85,10 +90,54 @@ def main(argv=None) -> int:
         fixed, per_row = fit_fixed_and_per_row([(c["rows"], c["ms"]) for c in calls if c["frames"] == frames])
         fits[frames] = {"fixed_ms": fixed, "per_row_ms": per_row}
         print(f"{frames:2d} frames: {fixed:.2f} ms a call + {per_row:.3f} ms a row")
+    parts = [time_parts(runner, *(int(v) for v in shape.split("x"))) for shape in (args.parts or "").split(",") if shape]
     if args.json:
         args.json.write_text(json.dumps({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-                                         "rows": args.rows, "calls": calls, "fits": fits}, indent=1))
+                                         "rows": args.rows, "calls": calls, "fits": fits, "parts": parts}, indent=1))
     return 0
+
+
+def time_parts(runner, rows: int, frames: int) -> dict:
+    """GPU ms and kernels of each part of a call of `rows` x `frames` (distinct streams from their start)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from engine.model.codec_stream import Rows
+    from engine.runtime.cuda_graphs import capture
+
+    decoder, q = runner.decoder, runner.decoder.codec.quantizer
+    selected = Rows.of(list(range(rows)), runner.device)
+    codes = torch.randint(0, q.residual_codebook_size, (rows, runner.num_codebooks, frames), device=runner.device)
+    with torch.inference_mode():
+        z = q.semantic_quantizer.decode(codes[:, :1]) + q.quantizer.decode(codes[:, 1:])
+        post = decoder._post.step(z.to(q.decode_dtype), selected)
+        up = decoder._up.step(post, selected)
+    steps = {"vq": lambda: q.semantic_quantizer.decode(codes[:, :1]) + q.quantizer.decode(codes[:, 1:]),
+             "post_transformer": lambda: decoder._post.step(z.to(q.decode_dtype), selected),
+             "upsample": lambda: decoder._up.step(post, selected),
+             "decoder": lambda: decoder._dec.step(up, selected)}
+    result = {"rows": rows, "frames": frames}
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    with torch.inference_mode():
+        for name, step in steps.items():
+            decoder.reset()
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                step()
+                torch.cuda.synchronize()
+            kernels = sum(1 for e in prof.events() if e.device_type.name == "CUDA")
+            graph, _ = capture(step, runner.stream)
+            decoder.reset()
+            with torch.cuda.stream(runner.stream):
+                graph.replay()
+                start.record()
+                for _ in range(REPLAYS):
+                    graph.replay()
+                end.record()
+            end.synchronize()
+            result[name] = {"ms": start.elapsed_time(end) / REPLAYS, "kernels": kernels}
+    print(f"{rows} rows x {frames} frames, by part: " + ", ".join(
+        f"{name} {v['ms']:.3f} ms ({v['kernels']} kernels)" for name, v in result.items() if isinstance(v, dict)))
+    return result
 
 
 if __name__ == "__main__":

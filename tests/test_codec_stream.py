@@ -366,10 +366,34 @@ def test_rows_stream_independently_and_decode_together(wide_codec):
             dec.decode(a[..., :2], rows=[4])
 
 
+def vq_margins(codec, audio: torch.Tensor) -> torch.Tensor:
+    """(num_codebooks, T): how far each code of codec.encode(audio) (B = 1) won its VQ stage by, the
+    gap between the best and the second-best score (as VectorQuantize.quantize scores entries)."""
+    q = codec.quantizer
+    audio = torch.nn.functional.pad(audio, (0, -audio.shape[-1] % codec.config.frame_length))
+    residual = q.pre_module(q.downsample(codec.encoder(audio)))
+    margins = []
+    for vq in [*q.semantic_quantizer.quantizers, *q.quantizer.quantizers]:
+        z_e = vq.in_proj(residual)
+        e = torch.nn.functional.normalize(z_e.transpose(1, 2).reshape(-1, z_e.shape[1]).float())
+        c = torch.nn.functional.normalize(vq.codebook.weight.float())
+        score = -(e.pow(2).sum(1, keepdim=True) - 2 * e @ c.t() + c.pow(2).sum(1, keepdim=True).t())
+        top2 = score.topk(2, dim=1).values
+        margins.append(top2[:, 0] - top2[:, 1])
+        # The semantic stage's output comes off the latent, each residual stage's off what is left.
+        residual = residual - vq.quantize(residual)[0]
+    return torch.stack(margins)
+
+
+NEAR_TIE = 1e-4  # a VQ decision this close can go either way with the order of fp32 sums
+
+
 def test_reference_encoder_gives_the_codes_of_a_whole_encode_for_any_clip_length(fixture_codec):
     """ReferenceEncoder pads every chunk, the last one included, to the same size (what its CUDA
     graph needs) and cuts the padding's frames; clips over its reserved length go to a fresh
-    encoder. On the CPU in fp32 each equals one whole encode exactly."""
+    encoder. On the CPU in fp32 each equals one whole encode, except where a VQ stage was a near tie
+    in the whole encode: the order of fp32 sums (the CPU's threads, its convolution algorithms) can
+    tip those either way, and the codebooks after it in that frame follow."""
     from engine.runtime.reference_encoder import ReferenceEncoder
 
     frame_length = fixture_codec.config.frame_length
@@ -380,9 +404,12 @@ def test_reference_encoder_gives_the_codes_of_a_whole_encode_for_any_clip_length
         clip = (0.3 * torch.randn(samples, generator=gen)).numpy()
         with torch.inference_mode():
             whole = fixture_codec.encode(torch.from_numpy(clip).view(1, 1, -1))[0]
+            margins = vq_margins(fixture_codec, torch.from_numpy(clip).view(1, 1, -1))
         codes = encoder.encode(clip)
         assert codes.shape == whole.shape, samples
-        assert torch.equal(codes, whole), samples
+        for frame in (codes != whole).any(0).nonzero().flatten().tolist():
+            first = int((codes[:, frame] != whole[:, frame]).nonzero()[0])
+            assert margins[first, frame] < NEAR_TIE, (samples, frame, first, float(margins[first, frame]))
     with pytest.raises(ValueError, match="at least one sample"):
         encoder.encode(np.zeros(0, dtype=np.float32))
     with pytest.raises(RuntimeError, match="need a CUDA device"):
