@@ -25,7 +25,7 @@ from .errors import InputError
 from .loader import LoadedModels
 from .params import SamplingParams
 from .references import ReferenceCodeCache
-from .runtime.codec_runner import CodecRunner, Decoded, set_up_decoder
+from .runtime.codec_runner import CodecRunner, Decoded, set_up_codec
 from .runtime.kv_cache import KVCache
 from .runtime.prefix_cache import PrefixCache
 from .runtime.reference_encoder import EncodeHandle, ReferenceEncoder
@@ -135,7 +135,7 @@ class Synthesizer:
         self.prefix_cache = PrefixCache(cache, prefix_cache_bytes)
         self.scheduler = Scheduler(self.runner, self.prefix_cache, frame_rate=models.codec.config.frame_rate,
                                    **admission)
-        set_up_decoder(models.codec.decoder, policy)
+        set_up_codec(models.codec, policy)
         self.codec_runner = CodecRunner(models.codec, slots, self.capacity)
         self.reference_encoder = ReferenceEncoder(models.codec, REFERENCE_CHUNK_FRAMES,
                                                   min(reference_frames, GRAPHED_REFERENCE_FRAMES))
@@ -174,7 +174,10 @@ class Synthesizer:
         `capture_more` captures them. Returns the seconds it took."""
         seconds = self.runner.prepare([1])
         if self.runner.policy.cuda_graphs:
-            seconds += self.codec_runner.prepare(1) + self.reference_encoder.prepare()
+            # The codec's graphs of two rows too: their capture compiles the post-transformer's
+            # graph for every row count above one (set_up_codec), which would otherwise happen at the
+            # first larger batch's capture, while requests wait.
+            seconds += self.codec_runner.prepare(min(2, self.codec_runner.rows)) + self.reference_encoder.prepare()
         return seconds
 
     def capture_more(self, up_to: int = 0) -> bool:

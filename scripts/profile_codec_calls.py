@@ -55,11 +55,11 @@ def main(argv=None) -> int:
     from engine import compilation
     from engine.config import EngineConfig
     from engine.loader import load_models
-    from engine.runtime.codec_runner import CodecRunner, set_up_decoder
+    from engine.runtime.codec_runner import CodecRunner, set_up_codec
     from engine.runtime.scheduler import BLOCK_SIZES
 
     models = load_models(EngineConfig(**weight_config(args.weights, args.checkpoint), device="cuda"))
-    set_up_decoder(models.codec.decoder, compilation.decide("on", torch.device("cuda")))  # as the Synthesizer
+    set_up_codec(models.codec, compilation.decide("on", torch.device("cuda")))  # as the Synthesizer
     runner = CodecRunner(models.codec, args.rows, max_frames=1024)
     if args.row_buckets:
         runner.row_buckets = sorted({int(b) for b in args.row_buckets.split(",")})

@@ -93,15 +93,15 @@ def test_use_channels_last_streams_through_the_channels_last_decoder(fixture_cod
         copy.deepcopy(fixture_codec).decoder.use_channels_last(None)
 
 
-def test_set_up_decoder_streams_channels_last_with_triton_and_tunes_convs_without(fixture_codec, monkeypatch):
+def test_set_up_codec_streams_the_decoder_channels_last_with_triton_and_tunes_convs_without(fixture_codec, monkeypatch):
     from engine.compilation import CompilePolicy as Policy
     from engine.model.tuned_conv import ShapeTunedConv1d
-    from engine.runtime.codec_runner import set_up_decoder
+    from engine.runtime.codec_runner import set_up_codec
 
     monkeypatch.setattr(ck, "TRITON_OPS", ck.TORCH_OPS)  # stands in for the kernels on a machine without Triton
     with_triton, without = copy.deepcopy(fixture_codec), copy.deepcopy(fixture_codec)
-    set_up_decoder(with_triton.decoder, Policy(compile=True, cuda_graphs=True, reason="test"))
-    set_up_decoder(without.decoder, Policy(compile=False, cuda_graphs=True, reason="test"))
+    set_up_codec(with_triton, Policy(compile=True, cuda_graphs=True, reason="test"))
+    set_up_codec(without, Policy(compile=False, cuda_graphs=True, reason="test"))
     assert with_triton.decoder.channels_last is ck.TORCH_OPS
     assert not any(isinstance(m, ShapeTunedConv1d) for m in with_triton.decoder.modules())
     assert without.decoder.channels_last is None

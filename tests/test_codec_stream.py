@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 import torch
 
-from engine.model.codec import load_codec, random_codec
+from engine.model.codec import WindowLimitedTransformer, load_codec, random_codec
 from engine.model.codec_config import CodecConfig
-from engine.model.codec_stream import StreamingDecoder, StreamingEncoder, decode_chunked, encode_chunked
+from engine.model.codec_stream import StreamingDecoder, StreamingEncoder, decode_chunked, encode_chunked, compiled_layer_forward, layer_forward
 from engine.runtime.cuda_graphs import capture
 
 T = 120  # frames: longer than every window and receptive field of the test codecs
@@ -213,19 +213,24 @@ def test_bf16_stream_as_accurate_as_bf16_whole(fixture_whole, schedule):
 
 
 def test_each_call_costs_only_its_own_frames(wide_codec):
-    codes = random_codes(wide_codec.config, 1, 103, seed=13)
+    codec = copy.deepcopy(wide_codec)
+    codes = random_codes(codec.config, 1, 103, seed=13)
     work, seen = [0], []
-    mods = [m for m in wide_codec.modules() if isinstance(m, (torch.nn.Linear, torch.nn.Conv1d))]
+    mods = [m for m in codec.modules() if isinstance(m, (torch.nn.Linear, torch.nn.Conv1d))]
 
     def count(m, args, out):
         work[0] += args[0].numel()
 
-    wqkv = wide_codec.quantizer.post_module.layers[0].attention.wqkv
+    def counted_layer(h, *args):  # the streamed post-transformer's layers take their weights as tensors
+        work[0] += h.numel()
+        seen.append(h.shape[1])
+        return layer_forward(h, *args)
+
+    codec.quantizer.post_module.stream_layers_with(counted_layer)
     handles = [m.register_forward_hook(count) for m in mods]
-    handles.append(wqkv.register_forward_hook(lambda m, args, out: seen.append(args[0].shape[1])))
     try:
         with torch.inference_mode():
-            dec = StreamingDecoder(wide_codec)
+            dec = StreamingDecoder(codec)
             dec.decode(codes[..., :10])
             work[0] = 0
             dec.decode(codes[..., 10:13])
@@ -238,7 +243,9 @@ def test_each_call_costs_only_its_own_frames(wide_codec):
         for h in handles:
             h.remove()
     assert early == late > 0
-    assert seen == [10, 3, 87, 3]  # the transformer sees only the new frames (the rest is in its cache)
+    layers = len(codec.quantizer.post_module.layers)
+    # the transformer sees only the new frames (the rest is in its cache)
+    assert seen == [n for n in (10, 3, 87, 3) for _ in range(layers)]
 
 
 def test_bad_input_is_a_clear_error(wide_codec):
@@ -308,6 +315,83 @@ def test_cuda_stream_fp32_bf16_and_graph_capture(fixture_codec, no_tf32):
             pieces.append(out.clone())
         replayed = torch.cat(pieces, -1)
     assert max_diff(replayed, eager) <= 1e-2 * eager.abs().max().item()  # measured on an H100: 0
+
+
+# --- the post-transformer's layers compiled (codec_runner.set_up_codec) ---------------------------
+
+
+def compiled_layers_codec(codec, backend):
+    """A copy of codec whose streamed post-transformer runs layer_forward through torch.compile."""
+    compiled = copy.deepcopy(codec)
+    compiled.quantizer.post_module.stream_layers_with(compiled_layer_forward(backend))
+    return compiled
+
+
+def decode_rows_apart(codec, codes: torch.Tensor) -> torch.Tensor:
+    """Two streams of 24 frames, codes (2, K, 24), decoded as the engine's calls come: each alone,
+    then both at once in rows given out of order, then one alone again. -> (2, 1, samples)."""
+    dec = StreamingDecoder(codec, batch=3)
+    with torch.inference_mode():
+        a = [dec.decode(codes[:1, :, :4], rows=[2])]
+        b = [dec.decode(codes[1:, :, :8], rows=[0])]
+        both = dec.decode(torch.stack([codes[0, :, 4:20], codes[1, :, 8:24]]), rows=[2, 0])
+        a += [both[:1], dec.decode(codes[:1, :, 20:], rows=[2])]
+        b.append(both[1:])
+    return torch.cat([torch.cat(a, -1), torch.cat(b, -1)])
+
+
+def test_compiled_post_transformer_layers_are_traced_whole_once_for_every_shape(wide_codec):
+    """One graph of layer_forward (fullgraph) serves every layer, row count and chunk length past
+    the first call's (a row count of one is a graph of its own): no recompile per layer, which would
+    run the layers eagerly once torch.compile's recompile limit (8) is reached. Traced only (Dynamo's
+    CompileCounter runs the graph as traced): the same audio as the plain layers."""
+    from torch._dynamo.testing import CompileCounter
+
+    torch._dynamo.reset()
+    counter = CompileCounter()
+    codes = random_codes(wide_codec.config, 2, 24, seed=21)
+    plain = decode_rows_apart(wide_codec, codes)
+    traced = decode_rows_apart(compiled_layers_codec(wide_codec, counter), codes)
+    assert torch.equal(traced, plain)
+    assert len(wide_codec.quantizer.post_module.layers) > 1
+    assert counter.frame_count == 2  # one row, then the dynamic graph for more
+
+
+def test_set_up_codec_compiles_the_post_transformer_only_with_triton_and_plain_weights(fixture_codec, monkeypatch):
+    from engine.compilation import CompilePolicy as Policy
+    from engine.model import conv_kernel
+    from engine.quantization import quantize_codec
+    from engine.runtime.codec_runner import set_up_codec
+
+    monkeypatch.setattr(conv_kernel, "TRITON_OPS", conv_kernel.TORCH_OPS)  # stands in on a machine without Triton
+    compiled, eager, int8 = (copy.deepcopy(fixture_codec) for _ in range(3))
+    quantize_codec(int8, "int8")  # torchao's weights: the layers stay as written
+    for codec, compiles in ((compiled, True), (eager, False), (int8, True)):
+        set_up_codec(codec, Policy(compile=compiles, cuda_graphs=True, reason="test"))
+    assert compiled.quantizer.post_module.stream_layer is not None
+    assert eager.quantizer.post_module.stream_layer is None
+    assert int8.quantizer.post_module.stream_layer is None
+    post = compiled.quantizer.post_module
+    others = [m for m in compiled.modules() if isinstance(m, WindowLimitedTransformer) and m is not post]
+    assert others and all(m.stream_layer is None for m in others)  # encoding keeps the reference's own ops
+
+
+@pytest.mark.gpu
+def test_compiled_post_transformer_layers_decode_as_the_plain_ones_on_cuda(fixture_codec, no_tf32):
+    """Inductor's kernels (as the engine compiles them) against the plain layers: fp32 within fp32
+    rounding, bf16 within bf16 rounding of the audio's peak."""
+    from engine import compilation
+
+    policy = compilation.decide("on", torch.device("cuda"))
+    if not policy.compile:
+        pytest.skip(f"no compile on this CUDA machine: {policy.reason}")
+    torch._dynamo.reset()
+    codes = random_codes(fixture_codec.config, 2, 24, seed=22).cuda()
+    for dtype, tolerance in ((torch.float32, FP32_ATOL), (torch.bfloat16, 2e-2)):
+        codec = copy.deepcopy(fixture_codec).cuda().to(dtype)
+        plain = decode_rows_apart(codec, codes)
+        compiled = decode_rows_apart(compiled_layers_codec(codec, policy.inductor_backend()), codes)
+        assert max_diff(compiled, plain) <= tolerance * max(1.0, plain.abs().max().item()), dtype
 
 
 # --- encoding in chunks (bounded memory for long reference clips) ---------------------------------

@@ -214,9 +214,13 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: Tensor) -> Tensor:
-        # Normalise in fp32, round to the activation dtype, then scale (the reference's order).
-        xf = x.float()
-        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).type_as(x) * self.weight
+        return rms_norm(x, self.weight, self.eps)
+
+
+def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    """Normalise in fp32, round to the activation dtype, then scale (the reference's order)."""
+    xf = x.float()
+    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).type_as(x) * weight
 
 
 class LayerScale(nn.Module):
@@ -292,6 +296,12 @@ class WindowLimitedTransformer(nn.Module):
         self.register_buffer("causal_mask", mask)
         self.layers = nn.ModuleList(TransformerLayer(cfg) for _ in range(n_layer))
         self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
+        self.stream_layer = None  # how streamed decoders run a layer (stream_layers_with); None: as written
+
+    def stream_layers_with(self, layer_forward) -> None:
+        """Run this transformer's layers with `layer_forward` (codec_stream.layer_forward, compiled) in
+        the streaming decoders built after this call."""
+        self.stream_layer = layer_forward
 
     def forward(self, x: Tensor) -> Tensor:
         T = x.shape[-1]

@@ -39,7 +39,7 @@ positions are no longer exact in fp32 and decode() raises.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -55,15 +55,18 @@ from .codec import (
     DecoderBlock,
     Encoder,
     EncoderBlock,
+    LayerScale,
     ModdedDAC,
     ResidualUnit,
     Snake1d,
+    TransformerLayer,
     WindowLimitedTransformer,
     WNConv,
     apply_rope,
     biased_residual,
     biased_snake,
     context_snake,
+    rms_norm,
     rope_table,
     weight_norm,
 )
@@ -320,6 +323,8 @@ class _Transformer(_Streamer):
             self.table = m.freqs_cis.float()  # (rows, head_dim / 2, 2), the stored rows first
         # Host-side copy of pos: sizes the table, never read back from the device.
         self.frames = np.zeros(batch, dtype=np.int64)
+        self.weights = [layer_weights(layer) for layer in m.layers]
+        self.layer_forward = m.stream_layer or layer_forward
 
     def _ensure_table(self, end: int) -> None:
         if end <= self.table.shape[0]:
@@ -348,32 +353,85 @@ class _Transformer(_Streamer):
         mask = (band[None] & (slots[None, :] + pos[:, None] >= w1)[:, None, :])[:, None]  # (b, 1, n, w1 + n)
         _write(self.pos, rows, pos + n)
         h = x.transpose(1, 2)
-        for i, layer in enumerate(self.m.layers):
-            a = self._attention(i, layer.attention, layer.attention_norm(h), rope, mask, rows)
-            h = h + layer.attention_layer_scale(a)
-            h = h + layer.ffn_layer_scale(layer.feed_forward(layer.ffn_norm(h)))
+        for i, weights in enumerate(self.weights):
+            h, k, v = self.layer_forward(h, rope, mask, _read(self.k_cache[i], rows), _read(self.v_cache[i], rows), weights)
+            _write(self.k_cache[i], rows, k)
+            _write(self.v_cache[i], rows, v)
         return self.m.norm(h).transpose(1, 2)
-
-    def _attention(self, i: int, att, x: Tensor, rope: Tensor, mask: Tensor, rows: Rows | None) -> Tensor:
-        B, n, _ = x.shape
-        kv = att.n_local_heads * att.head_dim
-        q, k, v = att.wqkv(x).split([att.n_head * att.head_dim, kv, kv], dim=-1)
-        q = apply_rope(q.view(B, n, att.n_head, att.head_dim), rope).transpose(1, 2)
-        k = apply_rope(k.view(B, n, att.n_local_heads, att.head_dim), rope).transpose(1, 2)
-        v = v.view(B, n, att.n_local_heads, att.head_dim).transpose(1, 2)
-        k = torch.cat([_read(self.k_cache[i], rows).to(k.dtype), k], 2)
-        v = torch.cat([_read(self.v_cache[i], rows).to(v.dtype), v], 2)
-        _write(self.k_cache[i], rows, k[:, :, n:])
-        _write(self.v_cache[i], rows, v[:, :, n:])
-        gqa = att.n_head != att.n_local_heads
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
-        return att.wo(y.transpose(1, 2).reshape(B, n, -1))
 
     def reset(self, rows: Rows | None) -> None:
         for c in (*self.k_cache, *self.v_cache):
             _zero(c, rows)
         _zero(self.pos, rows)
         self.frames[slice(None) if rows is None else rows.host] = 0
+
+
+@dataclass(frozen=True)
+class LayerWeights:
+    """A TransformerLayer's parameters, as layer_forward takes them."""
+
+    attention_norm: Tensor
+    wqkv: Tensor
+    wo: Tensor
+    attention_scale: Tensor | None  # LayerScale's gamma, None without layer scale
+    ffn_norm: Tensor
+    w1: Tensor
+    w3: Tensor
+    w2: Tensor
+    ffn_scale: Tensor | None
+    heads: tuple[int, int, int]  # query heads, key/value heads, head dim
+    eps: float
+
+
+def layer_weights(layer: TransformerLayer) -> LayerWeights:
+    att, ffn = layer.attention, layer.feed_forward
+
+    def scale(m: nn.Module) -> Tensor | None:
+        return m.gamma if isinstance(m, LayerScale) else None
+
+    if layer.attention_norm.eps != layer.ffn_norm.eps:
+        raise TypeError("a streamed codec transformer layer expects one RMSNorm eps")
+    return LayerWeights(layer.attention_norm.weight, att.wqkv.weight, att.wo.weight, scale(layer.attention_layer_scale),
+                        layer.ffn_norm.weight, ffn.w1.weight, ffn.w3.weight, ffn.w2.weight, scale(layer.ffn_layer_scale),
+                        (att.n_head, att.n_local_heads, att.head_dim), layer.attention_norm.eps)
+
+
+def compiled_layer_forward(backend) -> Callable:
+    """layer_forward through torch.compile, one graph for every layer, row count and chunk length
+    (one more for a single row): the dims that vary between calls are marked dynamic, the weights'
+    stay static."""
+    compiled = torch.compile(layer_forward, backend=backend, fullgraph=True)
+
+    def forward(h: Tensor, rope: Tensor, mask: Tensor, k_cached: Tensor, v_cached: Tensor, w: LayerWeights):
+        for tensor, dims in ((h, (0, 1)), (rope, (0, 1)), (mask, (0, 2, 3)), (k_cached, (0,)), (v_cached, (0,))):
+            for dim in dims:  # rows; chunk length (the mask's keys: the cache's and the chunk's)
+                torch._dynamo.maybe_mark_dynamic(tensor, dim)
+        return compiled(h, rope, mask, k_cached, v_cached, w)
+
+    return forward
+
+
+def layer_forward(h: Tensor, rope: Tensor, mask: Tensor, k_cached: Tensor, v_cached: Tensor,
+                  w: LayerWeights) -> tuple[Tensor, Tensor, Tensor]:
+    """TransformerLayer.forward of a streamed chunk h (b, n, dim) whose queries also attend the
+    cached keys and values (b, kv heads, window - 1, head dim) before it: the same operations, on the
+    layer's parameters. Returns (h after the layer, the last window - 1 keys, and values), the
+    caches of the next chunk. A function of tensors alone, so that one torch.compile of it serves
+    every layer (compiled_layer_forward)."""
+    (n_head, n_local_heads, head_dim), (B, n, _) = w.heads, h.shape
+    kv = n_local_heads * head_dim
+    q, k, v = F.linear(rms_norm(h, w.attention_norm, w.eps), w.wqkv).split([n_head * head_dim, kv, kv], dim=-1)
+    q = apply_rope(q.view(B, n, n_head, head_dim), rope).transpose(1, 2)
+    k = apply_rope(k.view(B, n, n_local_heads, head_dim), rope).transpose(1, 2)
+    v = v.view(B, n, n_local_heads, head_dim).transpose(1, 2)
+    k = torch.cat([k_cached.to(k.dtype), k], 2)
+    v = torch.cat([v_cached.to(v.dtype), v], 2)
+    y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=n_head != n_local_heads)
+    a = F.linear(y.transpose(1, 2).reshape(B, n, -1), w.wo)
+    h = h + (a if w.attention_scale is None else a * w.attention_scale)
+    x = rms_norm(h, w.ffn_norm, w.eps)
+    f = F.linear(F.silu(F.linear(x, w.w1)) * F.linear(x, w.w3), w.w2)
+    return h + (f if w.ffn_scale is None else f * w.ffn_scale), k[:, :, n:], v[:, :, n:]
 
 
 def _streamer(m: nn.Module, batch: int, rope_base: float, fuse_residuals: bool = False) -> _Streamer:

@@ -34,23 +34,28 @@ import torch
 from loguru import logger
 
 from ..model.codec import ModdedDAC
-from ..model.codec_stream import Rows, StreamingDecoder
+from ..model.codec_stream import Rows, StreamingDecoder, compiled_layer_forward
 from ..model.tuned_conv import tune_convs, tuning
 from .cuda_graphs import capture
 from .scheduler import BLOCK, BLOCK_SIZES, Harvest
 from .step_runner import bucket_for
 
 
-def set_up_decoder(decoder, policy) -> None:
-    """Make the codec's decoder the one the engine's graphs replay: streamed on channels-last
-    activations by Triton kernels when the policy compiles (CUDA with Triton); otherwise, with CUDA
-    graphs, its convolutions tuned per shape (timed while a CodecRunner captures)."""
+def set_up_codec(codec: ModdedDAC, policy) -> None:
+    """Make the codec's decode path the one the engine's graphs replay. When the policy compiles
+    (CUDA with Triton): the decoder streamed on channels-last activations by Triton kernels, and the
+    quantizer's post-transformer layers compiled by Inductor (one layer was ~65 small kernels, most
+    of a small call's GPU time: docs/PERFORMANCE.md), unless its weights are quantized. Otherwise,
+    with CUDA graphs, the decoder's convolutions tuned per shape (timed while a CodecRunner captures)."""
     if policy.compile:
         from ..model import conv_kernel
 
-        decoder.use_channels_last(conv_kernel.TRITON_OPS)
+        codec.decoder.use_channels_last(conv_kernel.TRITON_OPS)
+        post = codec.quantizer.post_module
+        if all(type(p) is torch.nn.Parameter for p in post.parameters()):  # not torchao's tensors
+            post.stream_layers_with(compiled_layer_forward(policy.inductor_backend()))
     elif policy.cuda_graphs:
-        tune_convs(decoder)
+        tune_convs(codec.decoder)
 
 
 # Row buckets: these sizes times the powers of two (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, ...).
