@@ -8,7 +8,7 @@
 #   tests:   the GPU tests in TEST_FILES (default: the engine's and the codec's GPU test files), first tree
 #   kernels: the codec's kernels by GPU time, 1 row x 4 frames and 8 rows x 32 frames (profile_batch), first tree
 #   codec:   scripts/profile_codec_calls.py per tree (a codec call's fixed and per-row cost; its parts' times where
-#            the tree's script has --parts: CODEC_PARTS)
+#            the tree's script has --parts: CODEC_PARTS); CODEC_TREES: the trees to profile (default TREES)
 #   http:    one server per tree: a warm-up level on a fresh machine (not counted), the sustained mix
 #            twice (64 clients x 8), one stream's first audio; traced (trace_worker --gpu-events)
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
@@ -51,7 +51,7 @@ for PART in ${PARTS:?name the parts}; do
         --kv 512 --codec-kernels --json $R/kernels-$1x$2.json 2>&1 | grep -v Warn | tail -${KERNEL_LINES:-30} | sed "s/^/$1 x $2: /")
     done ;;
   codec)
-    for tree in ${TREES}; do
+    for tree in ${CODEC_TREES:-$TREES}; do
       # the parts of a call (after call 2), where the tree's script times them
       (cd $ROOT/.$tree && parts=$(grep -q -- "--parts" scripts/profile_codec_calls.py && echo "--parts ${CODEC_PARTS:-1x4,8x32,64x32}")
        PYTHONPATH=/tmp/site:. timeout 240 python scripts/profile_codec_calls.py --weights random \
