@@ -378,8 +378,10 @@ def test_set_up_codec_compiles_the_post_transformer_only_with_triton_and_plain_w
 
 @pytest.mark.gpu
 def test_compiled_post_transformer_layers_decode_as_the_plain_ones_on_cuda(fixture_codec, no_tf32):
-    """Inductor's kernels (as the engine compiles them) against the plain layers: fp32 within fp32
-    rounding, bf16 within bf16 rounding of the audio's peak."""
+    """Inductor's kernels (as the engine compiles them) against the plain layers: in fp32 within fp32
+    rounding; in bf16 as close to the fp32 audio as the plain bf16 layers are. (Not bf16 against bf16:
+    Inductor rounds a fused chain of operations once where eager PyTorch rounds after each, and the
+    fixture codec amplifies such differences to ~0.17 of its peak: measured on an H100.)"""
     from engine import compilation
 
     policy = compilation.decide("on", torch.device("cuda"))
@@ -387,11 +389,15 @@ def test_compiled_post_transformer_layers_decode_as_the_plain_ones_on_cuda(fixtu
         pytest.skip(f"no compile on this CUDA machine: {policy.reason}")
     torch._dynamo.reset()
     codes = random_codes(fixture_codec.config, 2, 24, seed=22).cuda()
-    for dtype, tolerance in ((torch.float32, FP32_ATOL), (torch.bfloat16, 2e-2)):
+    decoded = {}
+    for dtype in (torch.float32, torch.bfloat16):
         codec = copy.deepcopy(fixture_codec).cuda().to(dtype)
-        plain = decode_rows_apart(codec, codes)
-        compiled = decode_rows_apart(compiled_layers_codec(codec, policy.inductor_backend()), codes)
-        assert max_diff(compiled, plain) <= tolerance * max(1.0, plain.abs().max().item()), dtype
+        decoded[dtype] = (decode_rows_apart(codec, codes),
+                          decode_rows_apart(compiled_layers_codec(codec, policy.inductor_backend()), codes))
+    reference, compiled = decoded[torch.float32]
+    assert max_diff(compiled, reference) <= FP32_ATOL * max(1.0, reference.abs().max().item())
+    errs = [rel_err(audio, reference) for audio in decoded[torch.bfloat16]]
+    assert errs[1] <= 1.25 * errs[0] + 0.01, f"bf16 plain / compiled vs fp32: {errs}"
 
 
 # --- encoding in chunks (bounded memory for long reference clips) ---------------------------------
