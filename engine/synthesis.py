@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import numpy as np
@@ -25,7 +25,7 @@ from .errors import InputError
 from .loader import LoadedModels
 from .params import SamplingParams
 from .references import ReferenceCodeCache
-from .runtime.codec_runner import CodecRunner, Decoded, set_up_codec
+from .runtime.codec_runner import CodecRunner, set_up_codec
 from .runtime.kv_cache import KVCache
 from .runtime.prefix_cache import PrefixCache
 from .runtime.reference_encoder import EncodeHandle, ReferenceEncoder
@@ -54,11 +54,6 @@ ENCODE_POLL_S = 0.001  # how often an otherwise idle worker checks whether an en
 # each of which waits for the GIL beside a busy event loop (a request's set-up on the GPU worker took
 # up to ~90 ms in a burst over HTTP on an H100: docs/PERFORMANCE.md). ~13 KB each for a 10 s clip.
 VOICE_PROMPTS_KEPT = 256
-# Host time an iteration spends handing out finished audio (at least one item); the rest waits for
-# the next iterations, oldest first. Each hand-out wakes a stream thread that takes the GIL, and
-# while the worker hands out it launches no steps: with 64 streams on an H100 the GPU stood idle in
-# gaps of 10-67 ms in which the worker handed out a codec call's audio (docs/PERFORMANCE.md).
-DELIVERY_BUDGET_S = 0.004
 
 
 @dataclass(frozen=True)
@@ -142,7 +137,6 @@ class Synthesizer:
         self._encoding: dict[str, ClipEncode] = {}  # reference clips being encoded or waiting to, by cache key
         self._voice_prompts: OrderedDict[tuple, tuple[torch.Tensor, str]] = OrderedDict()  # see voice_prompt
         self._awaiting_voice: list[RequestRun] = []  # requests waiting for their clips' codes
-        self._undelivered: deque[Decoded] = deque()  # finished audio not handed out yet (DELIVERY_BUDGET_S)
 
     @property
     def sample_rate(self) -> int:
@@ -306,33 +300,20 @@ class Synthesizer:
                 h.owner.harvested(h.codes)
             if harvests:
                 self.codec_runner.submit(harvests)
-            self._undelivered.extend(
-                self.codec_runner.completed(wait=not (self.scheduler.busy or self.delivering)))
+            completed = self.codec_runner.completed(wait=not self.scheduler.busy)
         except Exception as exc:  # a batched step or decode failed: its sequences fail, the worker lives
             logger.exception("decode step failed; failing the requests in it")
             # Harvested sequences have left the scheduler (finished ones for good): fail them here.
             for owner in [*self.codec_runner.discard(), *(h.owner for h in harvests)]:
                 owner.fail(exc)
             self.scheduler.fail_all(exc)
-            return self.scheduler.busy or self._voices_pending or self.delivering
-        self._deliver(time.perf_counter() + DELIVERY_BUDGET_S)
-        return self.scheduler.busy or self.codec_runner.pending or self._voices_pending or self.delivering
-
-    def _deliver(self, deadline: float) -> None:
-        """Hand out finished audio, oldest first, until the deadline (at least one item)."""
-        while self._undelivered:
-            item = self._undelivered.popleft()
+            return self.scheduler.busy or self._voices_pending
+        for item in completed:
             try:
                 item.owner.deliver(item.audio, item.frames, item.final)
             except Exception as exc:  # e.g. the next chunk's prompt is too long: that request alone fails
                 item.owner.fail(exc)
-            if time.perf_counter() >= deadline:
-                return
-
-    @property
-    def delivering(self) -> bool:
-        """Finished audio waits to be handed out (DELIVERY_BUDGET_S)."""
-        return bool(self._undelivered)
+        return self.scheduler.busy or self.codec_runner.pending or self._voices_pending
 
     @property
     def _voices_pending(self) -> bool:

@@ -17,8 +17,7 @@ from engine.runtime import worker as worker_module
 from engine.runtime.scheduler import BLOCK_SIZES
 from engine.runtime.worker import Job
 from engine.text.splitter import split_text
-from engine import synthesis
-from engine.synthesis import RequestRun, Synthesizer
+from engine.synthesis import RequestRun
 
 
 @pytest.fixture(scope="module", params=["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
@@ -45,7 +44,7 @@ def wait_idle(engine, timeout=30.0):
     synth = engine._synthesizer
     # Cancelled requests are finished at once, but audio already being decoded for them is still
     # delivered (and dropped): wait for the codec too.
-    while engine._worker.in_flight or synth.scheduler.busy or synth.codec_runner.pending or synth.delivering:
+    while engine._worker.in_flight or synth.scheduler.busy or synth.codec_runner.pending:
         assert time.monotonic() < deadline, f"engine still busy: {engine.stats()}"
         time.sleep(0.01)
 
@@ -95,30 +94,6 @@ def test_multi_chunk_requests_with_voices_get_their_own_audio_while_queued_and_b
     # convolutions in TF32 by default, with algorithms that depend on the batch); one different
     # code moves its frame's samples by ~0.1-1.
     atol = 0.02 if engine.models.placement.device.type == "cuda" else 1e-4
-    for a, b in zip(alone, together):
-        assert a.shape == b.shape
-        np.testing.assert_allclose(a, b, rtol=0, atol=atol)
-
-
-def test_audio_handed_out_one_item_per_iteration_is_the_audio_handed_out_at_once(engine, monkeypatch):
-    """With no time for hand-outs (DELIVERY_BUDGET_S 0: one item per iteration, the rest waits for
-    the next iterations), every request still gets its audio, in order: what it gets alone."""
-    params = [SamplingParams(max_new_tokens=6 + i, seed=200 + i, chunk_length=100) for i in range(8)]
-    texts = [f"Request {i} is handed out slowly. It has a second sentence to make a second chunk." for i in range(8)]
-    alone = [engine.synthesize(t, params=p).audio for t, p in zip(texts, params)]
-    monkeypatch.setattr(synthesis, "DELIVERY_BUDGET_S", 0.0)
-    waiting = []  # items left for later iterations, after each hand-out
-    deliver = Synthesizer._deliver
-
-    def spy(self, deadline):
-        deliver(self, deadline)
-        waiting.append(len(self._undelivered))
-
-    monkeypatch.setattr(Synthesizer, "_deliver", spy)
-    with ThreadPoolExecutor(8) as pool:
-        together = list(pool.map(lambda i: engine.synthesize(texts[i], params=params[i]).audio, range(8)))
-    assert max(waiting) > 0  # hand-outs were deferred
-    atol = 0.02 if engine.models.placement.device.type == "cuda" else 1e-4  # as in the multi-chunk test
     for a, b in zip(alone, together):
         assert a.shape == b.shape
         np.testing.assert_allclose(a, b, rtol=0, atol=atol)

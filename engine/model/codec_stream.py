@@ -9,10 +9,13 @@ recomputed left context:
   ConvNeXtBlock           its causal depthwise conv streams as above; the rest is pointwise
   ResidualUnit            x + block(x); in the decoder, with its pointwise work fused (below)
   WindowLimitedTransformer  per layer a rolling KV cache of the last window - 1 positions (after
-                          RoPE), positions continuing across calls as in a whole decode (0..T-1)
+                          RoPE), positions continuing across calls as in a whole decode (0..T-1);
+                          a layer is `layer_forward` on the layer's parameters, which the engine
+                          compiles for the quantizer's post-transformer (codec_runner.set_up_codec)
   Snake1d, Tanh           stateless
-The streamers walk the codec's own module tree and call its modules (weights shared, nothing copied);
-an unknown module type is an error, so an architecture change cannot stream silently wrong.
+The streamers walk the codec's own module tree and call its modules or their parameters (weights
+shared, nothing copied); an unknown module type is an error, so an architecture change cannot stream
+silently wrong.
 
 The decoder's residual units (most of its work) stream as convolutions without their biases and
 three pointwise passes: Snake into the dilated conv's left context, bias + Snake, bias + residual;
