@@ -164,8 +164,8 @@ class Synthesizer:
 
     def prepare(self) -> float:
         """On the worker thread, before any request: compile, and capture the graphs of one running
-        sequence (decode step, codec, reference encoder); the larger batches follow as
-        `capture_more` captures them. Returns the seconds it took."""
+        sequence (decode step, codec, reference encoder) and the codec's of two; the larger batches
+        follow as `capture_more` captures them. Returns the seconds it took."""
         seconds = self.runner.prepare([1])
         if self.runner.policy.cuda_graphs:
             # The codec's graphs of two rows too: their capture compiles the post-transformer's

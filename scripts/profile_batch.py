@@ -111,9 +111,9 @@ def main(argv=None) -> int:
     if args.codec_layout == "channels-last":
         if not policy.compile:
             p.error("--codec-layout channels-last needs Triton (--compile on)")
-        from engine.model import conv_kernel
+        from engine.runtime.codec_runner import set_up_codec
 
-        models.codec.decoder.use_channels_last(conv_kernel.TRITON_OPS)
+        set_up_codec(models.codec, policy)  # as the engine: the decoder channels-last, the post-transformer compiled
     elif args.codec_convs == "tuned":
         tune_convs(models.codec.decoder)
     runner.kv_buckets = [args.kv]

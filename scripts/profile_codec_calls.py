@@ -26,6 +26,9 @@ sys.path.insert(0, str(ROOT))
 from weight_options import add_weight_options, parse_with_weights, weight_config  # noqa: E402  (this script's folder)
 
 REPLAYS = 20
+MAX_FRAMES = 1024  # the runner's streams: its RoPE tables are reserved for this many frames
+# A part is decoded REPLAYS + 4 times between resets (warm-ups, capture, replays): within the tables.
+MAX_PART_FRAMES = MAX_FRAMES // (REPLAYS + 4)
 
 
 def fit_fixed_and_per_row(points: list[tuple[int, float]]) -> tuple[float, float]:
@@ -47,6 +50,16 @@ def main(argv=None) -> int:
     p.add_argument("--parts", help="comma-separated ROWSxFRAMES calls whose parts to time (e.g. 1x4,8x32)")
     p.add_argument("--json", type=Path)
     args = parse_with_weights(p, argv)
+    parts = []
+    for shape in (args.parts or "").split(","):
+        try:
+            rows, frames = (int(v) for v in shape.split("x")) if shape else (0, 0)
+        except ValueError:
+            p.error(f"--parts takes ROWSxFRAMES items such as 8x32, got {shape!r}")
+        if shape and not (1 <= rows <= args.rows and 1 <= frames <= MAX_PART_FRAMES):
+            p.error(f"--parts: rows must lie in 1..{args.rows} (--rows) and frames in 1..{MAX_PART_FRAMES}, got {shape}")
+        if shape:
+            parts.append((rows, frames))
 
     import torch
 
@@ -60,7 +73,7 @@ def main(argv=None) -> int:
 
     models = load_models(EngineConfig(**weight_config(args.weights, args.checkpoint), device="cuda"))
     set_up_codec(models.codec, compilation.decide("on", torch.device("cuda")))  # as the Synthesizer
-    runner = CodecRunner(models.codec, args.rows, max_frames=1024)
+    runner = CodecRunner(models.codec, args.rows, max_frames=MAX_FRAMES)
     if args.row_buckets:
         runner.row_buckets = sorted({int(b) for b in args.row_buckets.split(",")})
         if runner.row_buckets[-1] > args.rows or runner.row_buckets[0] < 1:
@@ -90,7 +103,7 @@ def main(argv=None) -> int:
         fixed, per_row = fit_fixed_and_per_row([(c["rows"], c["ms"]) for c in calls if c["frames"] == frames])
         fits[frames] = {"fixed_ms": fixed, "per_row_ms": per_row}
         print(f"{frames:2d} frames: {fixed:.2f} ms a call + {per_row:.3f} ms a row")
-    parts = [time_parts(runner, *(int(v) for v in shape.split("x"))) for shape in (args.parts or "").split(",") if shape]
+    parts = [time_parts(runner, rows, frames) for rows, frames in parts]
     if args.json:
         args.json.write_text(json.dumps({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
                                          "rows": args.rows, "calls": calls, "fits": fits, "parts": parts}, indent=1))

@@ -61,6 +61,7 @@ from .codec import (
     LayerScale,
     ModdedDAC,
     ResidualUnit,
+    RMSNorm,
     Snake1d,
     TransformerLayer,
     WindowLimitedTransformer,
@@ -387,13 +388,21 @@ class LayerWeights:
 
 
 def layer_weights(layer: TransformerLayer) -> LayerWeights:
+    """The layer's parameters, taken when its streamer is built (as every streamer takes its
+    modules: do not swap the codec's parameters afterwards). A layer made of other parts than
+    layer_forward computes is an error, as any unknown module is."""
     att, ffn = layer.attention, layer.feed_forward
 
     def scale(m: nn.Module) -> Tensor | None:
         return m.gamma if isinstance(m, LayerScale) else None
 
-    if layer.attention_norm.eps != layer.ffn_norm.eps:
-        raise TypeError("a streamed codec transformer layer expects one RMSNorm eps")
+    scales_known = all(isinstance(m, (LayerScale, nn.Identity))
+                       for m in (layer.attention_layer_scale, layer.ffn_layer_scale))
+    norms_known = all(type(m) is RMSNorm for m in (layer.attention_norm, layer.ffn_norm))
+    unbiased = all(getattr(m, "bias", None) is None for m in (att.wqkv, att.wo, ffn.w1, ffn.w2, ffn.w3))
+    if not (scales_known and norms_known and unbiased) or layer.attention_norm.eps != layer.ffn_norm.eps:
+        raise TypeError("a streamed codec transformer layer expects RMSNorms of one eps, unbiased projections and "
+                        "LayerScale or no layer scale: the codec's architecture changed")
     return LayerWeights(layer.attention_norm.weight, att.wqkv.weight, att.wo.weight, scale(layer.attention_layer_scale),
                         layer.ffn_norm.weight, ffn.w1.weight, ffn.w3.weight, ffn.w2.weight, scale(layer.ffn_layer_scale),
                         (att.n_head, att.n_local_heads, att.head_dim), layer.attention_norm.eps)
@@ -401,8 +410,12 @@ def layer_weights(layer: TransformerLayer) -> LayerWeights:
 
 def compiled_layer_forward(backend) -> Callable:
     """layer_forward through torch.compile, one graph for every layer, row count and chunk length
-    (one more for a single row): the dims that vary between calls are marked dynamic, the weights'
-    stay static."""
+    of two frames or more (one more for a single row): the dims that vary between calls are marked
+    dynamic, the weights' stay static. A chunk of one frame adds graphs of its own (a size of 1 is a
+    constant to Dynamo, and the first layer's input strides then differ from the others'), and so
+    does a call outside inference mode. Every wrapper's graphs count against one recompile limit
+    (Dynamo keeps them on layer_forward's code; past the limit, fullgraph makes a call fail), so
+    make one wrapper per process and backend (codec_runner.set_up_codec does)."""
     compiled = torch.compile(layer_forward, backend=backend, fullgraph=True)
 
     def forward(h: Tensor, rope: Tensor, mask: Tensor, k_cached: Tensor, v_cached: Tensor, w: LayerWeights):

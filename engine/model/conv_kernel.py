@@ -133,6 +133,8 @@ if triton is not None:
         acc = tl.zeros((block_m, block_n), dtype=tl.float32)
         for i in range(k_blocks):  # (tap, channel block) flattened, so that the loads pipeline
             tap = i // blocks_per_tap
+            if wide:
+                tap = tap.to(tl.int64)
             channel = (i - tap * blocks_per_tap) * block_k  # first input channel of the block
             a_mask, w_mask = in_rows[:, None], in_channels[None, :]
             if not even_k:
@@ -226,6 +228,8 @@ def conv(x: Tensor, taps: Tensor, bias: Tensor, dilation: int, epilogue: Epilogu
     c_out = taps.shape[1]
     k = taps.shape[0] // c_in
     length = full_length - (k - 1) * dilation
+    if taps.numel() >= 2**31:
+        raise ValueError(f"taps of {taps.numel()} elements: the kernel addresses them with 32-bit offsets")
     if taps.shape[0] != k * c_in or length < 1 or taps.dtype != x.dtype:
         raise ValueError(f"taps {tuple(taps.shape)} {taps.dtype} do not fit x {tuple(x.shape)} {x.dtype} "
                          f"with dilation {dilation}: (k * C_in, C_out) in x's dtype, and x longer than the taps reach")
@@ -243,7 +247,7 @@ def conv(x: Tensor, taps: Tensor, bias: Tensor, dilation: int, epilogue: Epilogu
                        length, x.stride(0), c_in, c_out, dilation, k * triton.cdiv(c_in, tiles.block_k), epilogue.eps,
                        snake=alpha is not None, residual=residual is not None, tanh=epilogue.tanh,
                        fast_sin=_has_ptx(x), even_k=c_in % tiles.block_k == 0,
-                       wide=max(x.stride(0), length * c_out) + tiles.block_m * max(c_in, c_out) >= 2**31,
+                       wide=max(full_length * c_in, length * c_out) + tiles.block_m * max(c_in, c_out) >= 2**31,
                        precision="tf32" if torch.backends.cudnn.allow_tf32 else "ieee",
                        block_m=tiles.block_m, block_n=tiles.block_n, block_k=tiles.block_k,
                        num_warps=tiles.warps, num_stages=tiles.stages)

@@ -24,8 +24,10 @@ then decoded 17-22% more rows than it had).
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
 from collections import defaultdict, deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,17 +47,26 @@ def set_up_codec(codec: ModdedDAC, policy) -> None:
     """Make the codec's decode path the one the engine's graphs replay. When the policy compiles
     (CUDA with Triton): the decoder streamed on channels-last activations by Triton kernels, and the
     quantizer's post-transformer layers compiled by Inductor (one layer was ~65 small kernels, most
-    of a small call's GPU time: docs/PERFORMANCE.md), unless its weights are quantized. Otherwise,
-    with CUDA graphs, the decoder's convolutions tuned per shape (timed while a CodecRunner captures)."""
+    of a small call's GPU time: docs/PERFORMANCE.md), unless its weights are quantized (every
+    --quantize mode but none gives the codec's transformers int8 weights). Otherwise, with CUDA
+    graphs, the decoder's convolutions tuned per shape (timed while a CodecRunner captures)."""
     if policy.compile:
         from ..model import conv_kernel
 
         codec.decoder.use_channels_last(conv_kernel.TRITON_OPS)
         post = codec.quantizer.post_module
         if all(type(p) is torch.nn.Parameter for p in post.parameters()):  # not torchao's tensors
-            post.stream_layers_with(compiled_layer_forward(policy.inductor_backend()))
+            post.stream_layers_with(_compiled_layers(policy))
     elif policy.cuda_graphs:
         tune_convs(codec.decoder)
+
+
+@functools.cache
+def _compiled_layers(policy) -> Callable:
+    """One compiled layer_forward per policy and process: the graphs of every wrapper count against
+    one recompile limit (see compiled_layer_forward), and engines built one after another (tests,
+    reloads) share these, each codec's weights being inputs of the graphs."""
+    return compiled_layer_forward(policy.inductor_backend())
 
 
 # Row buckets: these sizes times the powers of two (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, ...).
