@@ -122,11 +122,11 @@ def time_parts(runner, rows: int, frames: int) -> dict:
     selected = Rows.of(list(range(rows)), runner.device)
     codes = torch.randint(0, q.residual_codebook_size, (rows, runner.num_codebooks, frames), device=runner.device)
     with torch.inference_mode():
-        z = q.semantic_quantizer.decode(codes[:, :1]) + q.quantizer.decode(codes[:, 1:])
-        post = decoder._post.step(z.to(q.decode_dtype), selected)
+        z = q.codebook_sum(codes)
+        post = decoder._post.step(z, selected)
         up = decoder._up.step(post, selected)
-    steps = {"vq": lambda: q.semantic_quantizer.decode(codes[:, :1]) + q.quantizer.decode(codes[:, 1:]),
-             "post_transformer": lambda: decoder._post.step(z.to(q.decode_dtype), selected),
+    steps = {"vq": lambda: q.codebook_sum(codes),
+             "post_transformer": lambda: decoder._post.step(z, selected),
              "upsample": lambda: decoder._up.step(post, selected),
              "decoder": lambda: decoder._dec.step(up, selected)}
     result = {"rows": rows, "frames": frames}

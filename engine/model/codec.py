@@ -14,6 +14,7 @@ Every conv is causal (left padding only), so the codec is ready for chunked stre
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -240,17 +241,6 @@ class Attention(nn.Module):
         self.wqkv = nn.Linear(cfg.dim, qkv, bias=False)
         self.wo = nn.Linear(cfg.n_head * cfg.head_dim, cfg.dim, bias=False)
 
-    def forward(self, x: Tensor, rope: Tensor, mask: Tensor) -> Tensor:
-        B, T, _ = x.shape
-        kv = self.n_local_heads * self.head_dim
-        q, k, v = self.wqkv(x).split([self.n_head * self.head_dim, kv, kv], dim=-1)
-        q = apply_rope(q.view(B, T, self.n_head, self.head_dim), rope)
-        k = apply_rope(k.view(B, T, self.n_local_heads, self.head_dim), rope)
-        v = v.view(B, T, self.n_local_heads, self.head_dim)
-        q, k, v = (t.transpose(1, 2) for t in (q, k, v))
-        gqa = self.n_head != self.n_local_heads
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
-        return self.wo(y.transpose(1, 2).reshape(B, T, -1))
 
 
 class FeedForward(nn.Module):
@@ -260,11 +250,11 @@ class FeedForward(nn.Module):
         self.w3 = nn.Linear(cfg.dim, cfg.intermediate_size, bias=False)
         self.w2 = nn.Linear(cfg.intermediate_size, cfg.dim, bias=False)
 
-    def forward(self, x: Tensor) -> Tensor:
-        return self.w2(F.silu(self.w1(x)) * self.w3(x))
-
 
 class TransformerLayer(nn.Module):
+    """Attention and FeedForward hold the parameters; the layer's computation is layer_forward, which
+    the streaming decoders share (engine/model/codec_stream.py)."""
+
     def __init__(self, cfg: TransformerConfig):
         super().__init__()
         # Registration order = the checkpoint's key order.
@@ -276,8 +266,69 @@ class TransformerLayer(nn.Module):
         self.ffn_layer_scale = LayerScale(cfg.dim) if cfg.layer_scale else nn.Identity()
 
     def forward(self, x: Tensor, rope: Tensor, mask: Tensor) -> Tensor:
-        h = x + self.attention_layer_scale(self.attention(self.attention_norm(x), rope, mask))
-        return h + self.ffn_layer_scale(self.feed_forward(self.ffn_norm(h)))
+        return layer_forward(x, rope, mask, None, None, layer_weights(self))[0]
+
+
+@dataclass(frozen=True)
+class LayerWeights:
+    """A TransformerLayer's parameters, as layer_forward takes them."""
+
+    attention_norm: Tensor
+    wqkv: Tensor
+    wo: Tensor
+    attention_scale: Tensor | None  # LayerScale's gamma, None without layer scale
+    ffn_norm: Tensor
+    w1: Tensor
+    w3: Tensor
+    w2: Tensor
+    ffn_scale: Tensor | None
+    heads: tuple[int, int, int]  # query heads, key/value heads, head dim
+    eps: float
+
+
+def layer_weights(layer: TransformerLayer) -> LayerWeights:
+    """The layer's parameters as layer_forward takes them (a streamer takes them once, when it is
+    built: do not swap the codec's parameters afterwards). A layer made of other parts than
+    layer_forward computes is an error, as any unknown module is in codec_stream."""
+    att, ffn = layer.attention, layer.feed_forward
+
+    def scale(m: nn.Module) -> Tensor | None:
+        return m.gamma if isinstance(m, LayerScale) else None
+
+    scales_known = all(isinstance(m, (LayerScale, nn.Identity))
+                       for m in (layer.attention_layer_scale, layer.ffn_layer_scale))
+    norms_known = all(type(m) is RMSNorm for m in (layer.attention_norm, layer.ffn_norm))
+    unbiased = all(getattr(m, "bias", None) is None for m in (att.wqkv, att.wo, ffn.w1, ffn.w2, ffn.w3))
+    if not (scales_known and norms_known and unbiased) or layer.attention_norm.eps != layer.ffn_norm.eps:
+        raise TypeError("a codec transformer layer is expected to have RMSNorms of one eps, unbiased projections and "
+                        "LayerScale or no layer scale: the codec's architecture changed")
+    return LayerWeights(layer.attention_norm.weight, att.wqkv.weight, att.wo.weight, scale(layer.attention_layer_scale),
+                        layer.ffn_norm.weight, ffn.w1.weight, ffn.w3.weight, ffn.w2.weight, scale(layer.ffn_layer_scale),
+                        (att.n_head, att.n_local_heads, att.head_dim), layer.attention_norm.eps)
+
+
+def layer_forward(h: Tensor, rope: Tensor, mask: Tensor, k_cached: Tensor | None, v_cached: Tensor | None,
+                  w: LayerWeights) -> tuple[Tensor, Tensor, Tensor]:
+    """A TransformerLayer on h (b, n, dim), its parameters `w`: the layer of a whole sequence (caches
+    None), or of a streamed chunk whose queries also attend the cached keys and values (b, kv heads,
+    window - 1, head dim) before it (codec_stream). Returns (h after the layer, the last window - 1
+    keys, and values): a streamed chunk's caches for the next one. A function of tensors alone, so
+    that one torch.compile of it serves every layer (codec_stream.compiled_layer_forward)."""
+    (n_head, n_local_heads, head_dim), (B, n, _) = w.heads, h.shape
+    kv = n_local_heads * head_dim
+    q, k, v = F.linear(rms_norm(h, w.attention_norm, w.eps), w.wqkv).split([n_head * head_dim, kv, kv], dim=-1)
+    q = apply_rope(q.view(B, n, n_head, head_dim), rope).transpose(1, 2)
+    k = apply_rope(k.view(B, n, n_local_heads, head_dim), rope).transpose(1, 2)
+    v = v.view(B, n, n_local_heads, head_dim).transpose(1, 2)
+    if k_cached is not None:
+        k = torch.cat([k_cached.to(k.dtype), k], 2)
+        v = torch.cat([v_cached.to(v.dtype), v], 2)
+    y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=n_head != n_local_heads)
+    a = F.linear(y.transpose(1, 2).reshape(B, n, -1), w.wo)
+    h = h + (a if w.attention_scale is None else a * w.attention_scale)
+    x = rms_norm(h, w.ffn_norm, w.eps)
+    f = F.linear(F.silu(F.linear(x, w.w1)) * F.linear(x, w.w3), w.w2)
+    return h + (f if w.ffn_scale is None else f * w.ffn_scale), k[:, :, n:], v[:, :, n:]
 
 
 class WindowLimitedTransformer(nn.Module):
@@ -435,12 +486,16 @@ class Quantizer(nn.Module):
 
     def decode(self, codes: Tensor) -> Tensor:
         """codes (B, 1 + n_residual, T) -> (B, latent_dim, 4T)."""
+        return self.upsample(self.post_module(self.codebook_sum(codes)))
+
+    def codebook_sum(self, codes: Tensor) -> Tensor:
+        """codes (B, 1 + n_residual, T) -> the sum of their codebooks' out_proj vectors (B, latent_dim,
+        T) in decode_dtype: frame by frame, no state (decoding before the post-transformer)."""
         # Out-of-range codes are clamped as the reference does (it clamps the upper end only;
         # the lower end is clamped here too instead of failing in the embedding lookup).
         sem = codes[:, :1].clamp(0, self.semantic_codebook_size - 1)
         res = codes[:, 1:].clamp(0, self.residual_codebook_size - 1)
-        z = self.semantic_quantizer.decode(sem) + self.quantizer.decode(res)
-        return self.upsample(self.post_module(z.to(self.decode_dtype)))
+        return (self.semantic_quantizer.decode(sem) + self.quantizer.decode(res)).to(self.decode_dtype)
 
     @property
     def decode_dtype(self) -> torch.dtype:

@@ -58,19 +58,17 @@ from .codec import (
     DecoderBlock,
     Encoder,
     EncoderBlock,
-    LayerScale,
+    LayerWeights,
     ModdedDAC,
     ResidualUnit,
-    RMSNorm,
     Snake1d,
-    TransformerLayer,
     WindowLimitedTransformer,
     WNConv,
-    apply_rope,
     biased_residual,
     biased_snake,
     context_snake,
-    rms_norm,
+    layer_forward,
+    layer_weights,
     rope_table,
     weight_norm,
 )
@@ -370,44 +368,6 @@ class _Transformer(_Streamer):
         self.frames[slice(None) if rows is None else rows.host] = 0
 
 
-@dataclass(frozen=True)
-class LayerWeights:
-    """A TransformerLayer's parameters, as layer_forward takes them."""
-
-    attention_norm: Tensor
-    wqkv: Tensor
-    wo: Tensor
-    attention_scale: Tensor | None  # LayerScale's gamma, None without layer scale
-    ffn_norm: Tensor
-    w1: Tensor
-    w3: Tensor
-    w2: Tensor
-    ffn_scale: Tensor | None
-    heads: tuple[int, int, int]  # query heads, key/value heads, head dim
-    eps: float
-
-
-def layer_weights(layer: TransformerLayer) -> LayerWeights:
-    """The layer's parameters, taken when its streamer is built (as every streamer takes its
-    modules: do not swap the codec's parameters afterwards). A layer made of other parts than
-    layer_forward computes is an error, as any unknown module is."""
-    att, ffn = layer.attention, layer.feed_forward
-
-    def scale(m: nn.Module) -> Tensor | None:
-        return m.gamma if isinstance(m, LayerScale) else None
-
-    scales_known = all(isinstance(m, (LayerScale, nn.Identity))
-                       for m in (layer.attention_layer_scale, layer.ffn_layer_scale))
-    norms_known = all(type(m) is RMSNorm for m in (layer.attention_norm, layer.ffn_norm))
-    unbiased = all(getattr(m, "bias", None) is None for m in (att.wqkv, att.wo, ffn.w1, ffn.w2, ffn.w3))
-    if not (scales_known and norms_known and unbiased) or layer.attention_norm.eps != layer.ffn_norm.eps:
-        raise TypeError("a streamed codec transformer layer expects RMSNorms of one eps, unbiased projections and "
-                        "LayerScale or no layer scale: the codec's architecture changed")
-    return LayerWeights(layer.attention_norm.weight, att.wqkv.weight, att.wo.weight, scale(layer.attention_layer_scale),
-                        layer.ffn_norm.weight, ffn.w1.weight, ffn.w3.weight, ffn.w2.weight, scale(layer.ffn_layer_scale),
-                        (att.n_head, att.n_local_heads, att.head_dim), layer.attention_norm.eps)
-
-
 def compiled_layer_forward(backend) -> Callable:
     """layer_forward through torch.compile, one graph for every layer, row count and chunk length
     of two frames or more (one more for a single row): the dims that vary between calls are marked
@@ -425,29 +385,6 @@ def compiled_layer_forward(backend) -> Callable:
         return compiled(h, rope, mask, k_cached, v_cached, w)
 
     return forward
-
-
-def layer_forward(h: Tensor, rope: Tensor, mask: Tensor, k_cached: Tensor, v_cached: Tensor,
-                  w: LayerWeights) -> tuple[Tensor, Tensor, Tensor]:
-    """TransformerLayer.forward of a streamed chunk h (b, n, dim) whose queries also attend the
-    cached keys and values (b, kv heads, window - 1, head dim) before it: the same operations, on the
-    layer's parameters. Returns (h after the layer, the last window - 1 keys, and values), the
-    caches of the next chunk. A function of tensors alone, so that one torch.compile of it serves
-    every layer (compiled_layer_forward)."""
-    (n_head, n_local_heads, head_dim), (B, n, _) = w.heads, h.shape
-    kv = n_local_heads * head_dim
-    q, k, v = F.linear(rms_norm(h, w.attention_norm, w.eps), w.wqkv).split([n_head * head_dim, kv, kv], dim=-1)
-    q = apply_rope(q.view(B, n, n_head, head_dim), rope).transpose(1, 2)
-    k = apply_rope(k.view(B, n, n_local_heads, head_dim), rope).transpose(1, 2)
-    v = v.view(B, n, n_local_heads, head_dim).transpose(1, 2)
-    k = torch.cat([k_cached.to(k.dtype), k], 2)
-    v = torch.cat([v_cached.to(v.dtype), v], 2)
-    y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=n_head != n_local_heads)
-    a = F.linear(y.transpose(1, 2).reshape(B, n, -1), w.wo)
-    h = h + (a if w.attention_scale is None else a * w.attention_scale)
-    x = rms_norm(h, w.ffn_norm, w.eps)
-    f = F.linear(F.silu(F.linear(x, w.w1)) * F.linear(x, w.w3), w.w2)
-    return h + (f if w.ffn_scale is None else f * w.ffn_scale), k[:, :, n:], v[:, :, n:]
 
 
 def _streamer(m: nn.Module, batch: int, rope_base: float, fuse_residuals: bool = False) -> _Streamer:
@@ -528,13 +465,8 @@ class StreamingDecoder:
         n = codes.shape[-1]
         if n == 0:
             return torch.zeros(codes.shape[0], 1, 0, device=codes.device)
-        q = self.codec.quantizer
-        codes = codes.long()
-        # As Quantizer.decode: clamp, then sum the codebooks' out_proj vectors (per frame, stateless).
-        sem = codes[:, :1].clamp(0, q.semantic_codebook_size - 1)
-        res = codes[:, 1:].clamp(0, q.residual_codebook_size - 1)
-        z = q.semantic_quantizer.decode(sem) + q.quantizer.decode(res)
-        z = self._up.step(self._post.step(z.to(q.decode_dtype), selected), selected)
+        z = self.codec.quantizer.codebook_sum(codes.long())
+        z = self._up.step(self._post.step(z, selected), selected)
         return self._dec.step(z, selected).float()
 
     def reset(self, rows: Sequence[int] | None = None) -> None:
