@@ -292,6 +292,7 @@ def serve(config, plan: ServerPlan) -> int:
     from app.share import start_share_link
     from engine.errors import S1Error
     from engine.facade import TTSEngine
+    from engine.ffmpeg import ffmpeg
     from engine.references import default_cache_dir, default_voices_dir
 
     logger.info(
@@ -305,6 +306,7 @@ def serve(config, plan: ServerPlan) -> int:
         os.environ.get("HF_HOME", "~/.cache/huggingface (default)"),
         os.environ.get("TORCHINDUCTOR_CACHE_DIR", "set by the engine's compile policy"),
     )
+    ffmpeg()  # chosen and logged once, before Gradio or pydub look for it
     started = time.perf_counter()
     try:
         engine = TTSEngine.from_config(config)
@@ -320,8 +322,6 @@ def serve(config, plan: ServerPlan) -> int:
     )
     settings = AppSettings(api_key=plan.api_key, root_path=plan.root_path, ui_concurrency=engine.slots, ui=plan.ui,
                            stream_threads=engine.capacity)
-    if plan.ui and not settings.stream_ui_audio:
-        logger.warning("ffmpeg not found on PATH: the UI plays audio when complete instead of streaming it")
     app = create_app(engine, settings)
     shown_host = "127.0.0.1" if plan.host in ("0.0.0.0", "::") else plan.host
     if plan.ui:
