@@ -105,8 +105,19 @@ def _add_error_handlers(app: FastAPI):
         app.add_exception_handler(exc_type, mapped)
 
 
+DOCS_ASSETS = "/docs-assets"
+
+
 def _add_docs(app: FastAPI, guard: ApiKeyGuard):
+    """/docs and /redoc with their scripts and styles served from the fastapi-offline package, not a
+    CDN: the pages render with no internet (air-gapped servers, SageMaker VPCs)."""
+    from importlib.resources import files
+
+    from fastapi.staticfiles import StaticFiles
+
     docs_guard = [Depends(guard.docs)]
+    app.mount(DOCS_ASSETS, StaticFiles(directory=str(files("fastapi_offline") / "static")), name="docs-assets")
+    assets = app.root_path + DOCS_ASSETS
 
     @app.get("/openapi.json", include_in_schema=False, dependencies=docs_guard)
     async def openapi_json():
@@ -114,11 +125,19 @@ def _add_docs(app: FastAPI, guard: ApiKeyGuard):
 
     @app.get("/docs", include_in_schema=False, dependencies=docs_guard)
     async def swagger():
-        return get_swagger_ui_html(openapi_url=app.root_path + "/openapi.json", title=f"{app.title} API")
+        return get_swagger_ui_html(
+            openapi_url=app.root_path + "/openapi.json", title=f"{app.title} API",
+            swagger_js_url=f"{assets}/swagger-ui-bundle.js", swagger_css_url=f"{assets}/swagger-ui.css",
+            swagger_favicon_url=f"{assets}/favicon.png",
+        )
 
     @app.get("/redoc", include_in_schema=False, dependencies=docs_guard)
     async def redoc():
-        return get_redoc_html(openapi_url=app.root_path + "/openapi.json", title=f"{app.title} API")
+        return get_redoc_html(
+            openapi_url=app.root_path + "/openapi.json", title=f"{app.title} API",
+            redoc_js_url=f"{assets}/redoc.standalone.js", redoc_favicon_url=f"{assets}/favicon.png",
+            with_google_fonts=False,
+        )
 
 
 def _gradio_login_check(app: FastAPI):
