@@ -7,6 +7,7 @@ Run as `s1-mini-studio` (the installed command) or `python launch.py` (a checkou
     python launch.py --random-weights     # full-size random weights: measure a GPU without the checkpoint
     python launch.py --no-ui              # the REST API alone
     python launch.py --no-compile         # Windows, or to skip compilation
+    s1-mini-studio serve                  # Amazon SageMaker's container contract: the API on 0.0.0.0:8080
 
 Every flag can also be set with an environment variable (shown in --help); a flag wins.
 """
@@ -19,6 +20,7 @@ import socket
 import sys
 import threading
 from dataclasses import dataclass
+from pathlib import Path
 
 # Before Gradio is imported: no analytics calls, so the app starts with no network at all.
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
@@ -26,6 +28,15 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 7860
 RUNPOD_WORKSPACE = "/workspace"
+# SageMaker's inference container contract: started as `serve`, it listens on 8080 (or the port
+# SAGEMAKER_BIND_TO_PORT names) and finds the model artifacts extracted under /opt/ml/model.
+SAGEMAKER_PORT = 8080
+SAGEMAKER_MODEL_DIR = "/opt/ml/model"
+# SIGTERM: stop taking connections, let requests in flight finish this long, then stop. Interactive
+# runs keep it short (open UI event streams would hold Ctrl+C up); `serve` fits it inside
+# SageMaker's 30 s between SIGTERM and SIGKILL.
+DRAIN_S = 3
+SERVE_DRAIN_S = 25
 KEEP_ALIVE_S = 75  # idle HTTP connections: longer than the usual client and proxy pools keep theirs
 _TRUE = {"1", "true", "yes", "on"}
 
@@ -44,6 +55,11 @@ def build_parser() -> argparse.ArgumentParser:
             "On RunPod (RUNPOD_POD_ID set) the server listens on 0.0.0.0, the public root is the pod's\n"
             "proxy URL, and caches and voices go under /workspace unless set otherwise."
         ),
+    )
+    p.add_argument(
+        "mode", nargs="?", choices=["serve"],
+        help=f"serve: Amazon SageMaker's container contract: the REST API alone on 0.0.0.0:{SAGEMAKER_PORT} "
+        f"(SAGEMAKER_BIND_TO_PORT), the model from {SAGEMAKER_MODEL_DIR} when it holds one, {SERVE_DRAIN_S} s drain",
     )
     model = p.add_argument_group("model")
     model.add_argument(
@@ -104,6 +120,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="also publish a temporary public gradio.live link (needs internet; not on Spaces) [S1_MINI_SHARE]",
     )
     server.add_argument(
+        "--drain-seconds", type=float, metavar="S",
+        help=f"on SIGTERM or Ctrl+C, let requests in flight finish for up to S seconds [S1_MINI_DRAIN_SECONDS; "
+        f"default {DRAIN_S}, {SERVE_DRAIN_S} in serve mode]",
+    )
+    server.add_argument(
         "--no-ui", action="store_true", default=None,
         help="serve the REST API alone, without the Gradio UI (Gradio need not be installed) [S1_MINI_NO_UI]",
     )
@@ -119,6 +140,7 @@ class ServerPlan:
     share: bool
     reasons: tuple[str, ...]
     ui: bool = True
+    drain_s: float = DRAIN_S
 
 
 def parse_listen(text: str) -> tuple[str, int]:
@@ -146,8 +168,12 @@ def _switch(flag: bool | None, environ, name: str) -> bool:
 def plan_server(args, environ) -> ServerPlan:
     reasons = []
     pod = environ.get("RUNPOD_POD_ID")
+    serve_mode = getattr(args, "mode", None) == "serve"
     listen, source = _flag_or_env(args.listen, environ, "S1_MINI_LISTEN")
-    if listen:
+    if serve_mode and not listen:
+        host, port = "0.0.0.0", int(environ.get("SAGEMAKER_BIND_TO_PORT") or SAGEMAKER_PORT)
+        reasons.append(f"listening on {host}:{port} (serve mode: SageMaker's contract)")
+    elif listen:
         host, port = parse_listen(listen)
         reasons.append(f"listening on {host}:{port} (from {source})")
     else:
@@ -179,12 +205,27 @@ def plan_server(args, environ) -> ServerPlan:
     reasons.append(
         "API key required on every route but /health" if api_key else "no API key: open to anyone who can reach it"
     )
-    ui = not _switch(args.no_ui, environ, "S1_MINI_NO_UI")
+    ui = not (serve_mode or _switch(args.no_ui, environ, "S1_MINI_NO_UI"))
     if not ui:
         if share:
             raise ValueError("--share publishes the Gradio UI, which --no-ui turns off: drop one of them")
         reasons.append("REST API only (--no-ui): no Gradio UI")
-    return ServerPlan(host, port, root or "", api_key, share, tuple(reasons), ui)
+    drain, _ = _flag_or_env(args.drain_seconds, environ, "S1_MINI_DRAIN_SECONDS")
+    drain_s = float(drain) if drain is not None else (SERVE_DRAIN_S if serve_mode else DRAIN_S)
+    if not 0 <= drain_s <= 3600:
+        raise ValueError(f"--drain-seconds must be between 0 and 3600, got {drain}")
+    return ServerPlan(host, port, root or "", api_key, share, tuple(reasons), ui, drain_s)
+
+
+def sagemaker_model_dir(args, environ, model_dir: str = SAGEMAKER_MODEL_DIR) -> str | None:
+    """In serve mode, the checkpoint SageMaker extracted from the model's ModelDataUrl, unless one is
+    named (flag or S1_MINI_CHECKPOINT) or the demo/random weights are asked for."""
+    if getattr(args, "mode", None) != "serve" or args.checkpoint or environ.get("S1_MINI_CHECKPOINT"):
+        return None
+    if _switch(args.demo, environ, "S1_MINI_DEMO") or _switch(args.random_weights, environ, "S1_MINI_RANDOM_WEIGHTS"):
+        return None
+    path = Path(model_dir)
+    return str(path) if path.is_dir() and any(path.iterdir()) else None
 
 
 def runpod_storage_defaults(environ, workspace: str = RUNPOD_WORKSPACE) -> dict[str, str]:
@@ -206,7 +247,7 @@ def engine_config(args, environ):
     compile_mode = None if args.compile is None else ("on" if args.compile else "off")
     return EngineConfig.from_env(
         environ,
-        checkpoint=args.checkpoint,
+        checkpoint=args.checkpoint or sagemaker_model_dir(args, environ),
         demo=args.demo,
         random_weights=args.random_weights,
         device=args.device,
@@ -334,12 +375,12 @@ def serve(config, plan: ServerPlan) -> int:
         start_share_link(shown_host, plan.port)
     try:
         # No access log: the UI polls the queue several times a second; /metrics counts API requests.
-        # Open UI event streams must not hold up Ctrl+C / SIGTERM for long. Idle connections stay open
+        # On SIGTERM requests in flight get plan.drain_s to finish (DRAIN_S). Idle connections stay open
         # longer than clients and proxies keep them (httpx 5 s, uvicorn's default 5 s too): a client
         # that reused one just as the server closed it got "Server disconnected" on 2 of 1,024
         # requests in a load test's pause between levels (docs/PERFORMANCE.md, 2026-11-27).
-        uvicorn.run(app, host=plan.host, port=plan.port, log_config=None, access_log=False, timeout_graceful_shutdown=3,
-                    timeout_keep_alive=KEEP_ALIVE_S)
+        uvicorn.run(app, host=plan.host, port=plan.port, log_config=None, access_log=False,
+                    timeout_graceful_shutdown=plan.drain_s, timeout_keep_alive=KEEP_ALIVE_S)
     finally:
         engine.close()
     return 0

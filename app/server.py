@@ -14,7 +14,7 @@ from starlette.responses import JSONResponse, RedirectResponse
 
 from engine.errors import S1Error
 
-from . import openapi, routes_references, routes_system, routes_tts
+from . import openapi, routes_references, routes_sagemaker, routes_system, routes_tts
 from .auth import UI_LOGIN_MESSAGE, ApiKeyGuard
 from .body import describe
 from .bridge import STREAM_THREADS
@@ -52,6 +52,7 @@ def create_app(engine, settings: AppSettings | None = None) -> FastAPI:
     app.include_router(routes_system.build_router(engine, metrics, guard))
     app.include_router(routes_tts.build_router(synth, settings), dependencies=protected)
     app.include_router(routes_references.build_router(engine.voices), dependencies=protected)
+    app.include_router(routes_sagemaker.build_router(synth), dependencies=protected)
     openapi.install(app, bearer_auth=settings.api_key is not None)
 
     if not settings.ui:
