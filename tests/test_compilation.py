@@ -85,9 +85,16 @@ def debug_lines():
     compilation._skipped.cache_clear()
 
 
+def torch_without(monkeypatch, *missing: str):
+    """As on a torch that dropped or renamed these settings. (Deleting them from torch's config
+    module would hide them from torch itself for the rest of the process.)"""
+    real = compilation.has_setting
+    monkeypatch.setattr(compilation, "has_setting", lambda config, key: key not in missing and real(config, key))
+
+
 def test_a_setting_this_torch_lacks_is_skipped_with_one_debug_line(debug_lines, monkeypatch):
-    """As on a torch that dropped or renamed a setting the policy asks for: the others still apply."""
-    monkeypatch.delattr(inductor_config, "pattern_matcher")  # gone from this torch, as far as the policy sees
+    """The policy asks for a setting this torch lacks: the others still apply."""
+    torch_without(monkeypatch, "pattern_matcher")
     policy = decide("auto", CUDA, LINUX_TRITON, compile_mode="max-autotune", quantize="int8")
     for _ in range(3):  # read at every compile: logged once
         assert policy.inductor_options == {"coordinate_descent_tuning": True, "max_autotune": True, **PDL}
@@ -105,6 +112,7 @@ def test_settings_are_found_nested_and_missing_ones_never_raise(debug_lines):
         compilation.apply_settings(inductor_config, wanted)
         assert inductor_config.max_autotune is True
     assert len(debug_lines) == 2 and all("skipped" in line for line in debug_lines)
+    assert not compilation.has_setting(inductor_config, "max_autotune.no_such_field")
 
 
 def test_the_recompile_limit_is_raised_never_lowered(monkeypatch, debug_lines):
@@ -113,8 +121,9 @@ def test_the_recompile_limit_is_raised_never_lowered(monkeypatch, debug_lines):
     assert dynamo_config.recompile_limit == 32
     compilation.raise_recompile_limit(16)
     assert dynamo_config.recompile_limit == 32
-    monkeypatch.delattr(dynamo_config, "recompile_limit")
+    torch_without(monkeypatch, "recompile_limit")
     compilation.raise_recompile_limit(64)  # a torch without the setting: skipped, no error
+    assert dynamo_config.recompile_limit == 32
     assert debug_lines == [f"torch {torch.__version__} has no torch._dynamo.config.recompile_limit: skipped "
                            "(compiles without it)"]
 

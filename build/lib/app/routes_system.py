@@ -1,0 +1,36 @@
+"""Liveness, readiness and Prometheus metrics."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Depends
+from starlette.concurrency import run_in_threadpool
+from starlette.responses import Response
+
+from .errors import HTTPProblem, retry_after
+from .metrics import Metrics
+
+
+def build_router(engine, metrics: Metrics, guard) -> APIRouter:
+    router = APIRouter(tags=["system"])
+
+    # Open to everyone, as load balancers and RunPod's proxy probe it without a key;
+    # /v1/health is the reference server's path for the same answer.
+    @router.api_route("/health", methods=["GET", "POST"], summary="The process is alive")
+    @router.api_route("/v1/health", methods=["GET", "POST"], include_in_schema=False)
+    async def health():
+        return {"status": "ok"}
+
+    @router.get("/ready", summary="The model is loaded and warm", dependencies=[Depends(guard)])
+    async def ready():
+        if engine.is_ready:
+            # Sequences that can run at once now, and once the larger batches' graphs are captured.
+            return {"status": "ready", "slots_ready": engine.slots_ready, "slots": engine.slots,
+                    "capturing": engine.capturing}
+        raise HTTPProblem(503, "the model is still loading or warming up", retry_after(5))
+
+    @router.get("/metrics", summary="Prometheus metrics", dependencies=[Depends(guard)])
+    async def prometheus():
+        body, content_type = await run_in_threadpool(metrics.render, engine)
+        return Response(body, media_type=content_type)
+
+    return router

@@ -1,0 +1,103 @@
+"""The calls into the engine that the REST API and the UI share, with timing and metrics.
+
+Everything here is synchronous and runs on worker threads (Starlette's pool, Gradio's pool or
+app.bridge), never on the event loop.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import numpy as np
+
+from engine.facade import ReferenceInput, SynthesisResult
+from engine.params import SamplingParams
+
+from .metrics import Metrics
+
+
+@dataclass
+class StreamStats:
+    """Filled in while a stream runs; complete once the generator is exhausted."""
+
+    sample_rate: int
+    samples: int = 0
+    ttfa_s: float | None = None
+    total_s: float = 0.0
+
+    @property
+    def audio_s(self) -> float:
+        return self.samples / self.sample_rate
+
+    @property
+    def rtf(self) -> float | None:
+        return self.total_s / self.audio_s if self.samples else None
+
+
+@dataclass(frozen=True)
+class Voice:
+    """Who speaks: a saved voice id, inline references, or neither (the model's own voice)."""
+
+    voice_id: str | None = None
+    references: tuple[ReferenceInput, ...] = ()
+
+    @classmethod
+    def of(cls, fields) -> "Voice":
+        """The voice a request body names (api_schema.VoiceFields: reference_id, references)."""
+        refs = tuple(ReferenceInput(audio=r.audio, text=r.text) for r in fields.references)
+        return cls(voice_id=fields.reference_id or None, references=refs)
+
+    def engine_kwargs(self) -> dict:
+        # A saved voice wins over inline references, as in the reference server.
+        if self.voice_id:
+            return {"voice": self.voice_id, "references": []}
+        return {"voice": None, "references": list(self.references)}
+
+
+class Synthesizer:
+    def __init__(self, engine, metrics: Metrics):
+        self.engine = engine
+        self.metrics = metrics
+
+    @property
+    def sample_rate(self) -> int:
+        return self.engine.sample_rate
+
+    def synthesize(self, text: str, voice: Voice, params: SamplingParams) -> SynthesisResult:
+        result = self.engine.synthesize(text, params=params, **voice.engine_kwargs())
+        self._observe_result(result)
+        return result
+
+    def stream(self, text: str, voice: Voice, params: SamplingParams, stats: StreamStats) -> Iterator[np.ndarray]:
+        """Yields float32 chunks; `stats` is updated as they come."""
+        start = time.perf_counter()
+        chunks = self.engine.synthesize_stream(text, params=params, **voice.engine_kwargs())
+        try:
+            for chunk in chunks:
+                if stats.ttfa_s is None:
+                    stats.ttfa_s = time.perf_counter() - start
+                stats.samples += len(chunk)
+                stats.total_s = time.perf_counter() - start
+                yield chunk
+        finally:
+            chunks.close()
+        self.metrics.observe_synthesis(stats.audio_s, stats.total_s, stats.ttfa_s)
+
+    def batch(
+        self,
+        texts: list[str],
+        voice: Voice,
+        params: SamplingParams,
+        progress: Callable[[int, int], None] | None = None,
+    ) -> list[SynthesisResult | Exception]:
+        results = self.engine.synthesize_batch(texts, params=params, progress=progress, **voice.engine_kwargs())
+        for result in results:
+            if isinstance(result, SynthesisResult):
+                self._observe_result(result)
+        return results
+
+    def _observe_result(self, result: SynthesisResult):
+        s = result.stats
+        self.metrics.observe_synthesis(s.get("audio_s", 0.0), s.get("total_s", 0.0), s.get("ttfa_s"))

@@ -1,0 +1,1 @@
+"""S1-mini Studio inference engine."""

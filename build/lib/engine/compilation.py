@@ -1,0 +1,256 @@
+"""The one place that decides how the decode step runs: compiled or eager, with or without CUDA graphs.
+
+- CUDA: the step is captured as CUDA graphs (one replay per frame); with Triton and compile on, the
+  captured step is the torch.compile'd one, otherwise the eager one (graphs need no Triton).
+- CPU and MPS: eager, no graphs.
+Compiled artefacts (Inductor FX graphs, AOT autograd, Triton kernels) persist under the cache dir,
+so a restart with a warm cache does not recompile.
+
+Every Inductor, Dynamo and functorch setting made here is looked up first (supported_settings): torch
+adds, renames and drops them between releases, and a setting this torch lacks is skipped with one
+debug line, so the compiled step still runs, without that tuning.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import os
+import platform
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from loguru import logger
+
+from .errors import DeviceError
+
+
+@dataclass(frozen=True)
+class Environment:
+    os: str
+    torch: str
+    cuda: bool
+    triton: str | None  # version, or None when Triton cannot be imported
+
+    @classmethod
+    def detect(cls) -> "Environment":
+        return cls(platform.system(), torch.__version__, torch.cuda.is_available(), _triton_version())
+
+
+def _triton_version() -> str | None:
+    # triton-windows installs the same `triton` module.
+    if importlib.util.find_spec("triton") is None:
+        return None
+    try:
+        import triton
+
+        return triton.__version__
+    except Exception:  # a broken install is the same as none: we must not crash at start-up
+        return None
+
+
+@dataclass(frozen=True)
+class CompilePolicy:
+    compile: bool
+    cuda_graphs: bool
+    reason: str
+    mode: str = "default"  # torch.compile mode: default | max-autotune (graphs are ours, so never theirs)
+    int8_weights: bool = False  # the transformer runs torchao int8 weights (--quantize int8)
+    pdl: bool = True  # programmatic dependent launch between Triton kernels (Hopper and newer); see decide()
+    fused_projections: bool = True  # the decode step's projections as fused_linear kernels (Block.use_fused_projections)
+
+    @property
+    def inductor_options(self) -> dict:
+        """Inductor settings of the compiled decode step (the CUDA graphs are ours, never Inductor's).
+        max-autotune tunes matmul templates, and coordinate descent every Triton kernel: minutes of
+        tuning at the first start, cached after.
+
+        PDL lets a Triton kernel launch while the kernel before it finishes (a batch-1 frame is ~1,000
+        small kernels: 326 -> 334 frames/s on an H100; prefill is compiled with it too). Inductor
+        enables it only on compute capability 9.0+ and keeps it safe: a kernel waits for its
+        predecessor before touching what that one writes (or writing what it reads), and lets its
+        own successor start only after that wait, so everything older than its predecessor has
+        finished before it starts.
+
+        With int8 weights Inductor's pattern matcher is off: it rewrites every int8 matmul of more
+        than one row (prefill, batched decode) into aten._weight_int8pack_mm, whose CUDA kernel is
+        ~10x slower than casting the weights and calling cuBLAS (prefill of 280 positions: 278 ms
+        instead of 21 ms on an H100, measured)."""
+        import torch._inductor.config as inductor_config
+
+        options = {"max_autotune": True, "coordinate_descent_tuning": True} if self.mode == "max-autotune" else {}
+        if self.pdl:
+            options["triton.enable_pdl"] = True
+        if self.int8_weights:
+            options["pattern_matcher"] = False
+        return supported_settings(inductor_config, options)
+
+    def inductor_backend(self):
+        """torch.compile backend of the compiled regions: Inductor with single-row matmuls decomposed."""
+        options = self.inductor_options
+
+        def backend(graph, example_inputs):
+            from torch._inductor.compile_fx import compile_fx
+            from torch._inductor.decomposition import select_decomp_table
+
+            decompositions = {**select_decomp_table(), torch.ops.aten.mm.default: single_row_matmul}
+            return compile_fx(graph, example_inputs, config_patches=options, decompositions=decompositions)
+
+        return backend
+
+    def describe(self) -> str:
+        mode = f"torch.compile ({self.mode}) + CUDA graphs" if self.compile and self.cuda_graphs else (
+            "eager + CUDA graphs" if self.cuda_graphs else "eager")
+        return f"{mode} ({self.reason})"
+
+
+def pdl_requested() -> bool:
+    """Programmatic dependent launch unless turned off: Inductor's own switch turns it off for our
+    kernels too (our backend would otherwise set it over the user's choice)."""
+    return os.environ.get("TORCHINDUCTOR_ENABLE_PDL", "1") != "0"
+
+
+@functools.cache
+def _has_pdl(device_index: int) -> bool:
+    # ROCm reports its own architectures as capabilities (9.0 and up on MI200/MI300), and has no
+    # griddepcontrol: PDL is NVIDIA's (Hopper and newer) only.
+    return torch.version.hip is None and torch.cuda.get_device_capability(device_index) >= (9, 0)
+
+
+def pdl_available(device: torch.device) -> bool:
+    """Whether our Triton kernels use programmatic dependent launch: on CUDA devices of compute
+    capability 9.0 and newer, unless requested off (pdl_requested)."""
+    return device.type == "cuda" and pdl_requested() and _has_pdl(device.index or 0)
+
+
+def has_setting(config, key: str) -> bool:
+    """Whether a torch config module (torch._inductor.config, torch._dynamo.config, ...) has the
+    setting `key`, dotted for nested ones ("triton.enable_pdl")."""
+    node = config
+    for part in key.split("."):
+        try:
+            node = getattr(node, part)
+        except AttributeError:
+            return False
+    return True
+
+
+@functools.cache
+def _skipped(config_name: str, key: str) -> None:
+    """Logs once per setting and process: the policy's options are read at every compile."""
+    logger.debug("torch {} has no {}.{}: skipped (compiles without it)", torch.__version__, config_name, key)
+
+
+def supported_settings(config, settings: dict) -> dict:
+    """The settings this torch's `config` module has; each one it lacks is left out (one debug line)."""
+    kept = {}
+    for key, value in settings.items():
+        if has_setting(config, key):
+            kept[key] = value
+        else:
+            _skipped(config.__name__, key)
+    return kept
+
+
+def apply_settings(config, settings: dict) -> None:
+    """Set each setting this torch's `config` module has; skip the others (supported_settings)."""
+    for key, value in supported_settings(config, settings).items():
+        *groups, name = key.split(".")
+        node = config
+        for group in groups:
+            node = getattr(node, group)
+        setattr(node, name, value)
+
+
+def raise_recompile_limit(limit: int) -> None:
+    """Dynamo's recompiles per function at least `limit` (every batch size and chunk length of one
+    compiled function counts against it), where this torch has the setting."""
+    import torch._dynamo.config as dynamo_config
+
+    if has_setting(dynamo_config, "recompile_limit"):
+        dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, limit)
+    else:
+        _skipped(dynamo_config.__name__, "recompile_limit")
+
+
+def single_row_matmul(a: torch.Tensor, b: torch.Tensor):
+    """aten.mm of a one-row matrix (every matmul of a batch-1 decode step) as a multiply-and-sum,
+    which Inductor compiles into its own reduction kernel instead of calling a cuBLAS GEMV: the
+    int8 weights' cast, the norm's scale and the SiLU gate fuse into it, and the split-K GEMV's
+    memset and reduce kernels go away. Accumulates in fp32 like cuBLAS. Inductor does the same
+    only under coordinate-descent tuning, whose search adds minutes to the first compile."""
+    from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+    if not statically_known_true(a.shape[0] == 1):
+        return NotImplemented  # batched rows (a dynamic batch size included): the regular matmul
+    return (a.unsqueeze(2).float() * b.unsqueeze(0).float()).sum(dim=1).to(a.dtype)
+
+
+def decide(mode: str, device: torch.device, env: Environment | None = None,
+           compile_mode: str = "default", quantize: str = "none") -> CompilePolicy:
+    """mode: auto | on | off (flag or S1_MINI_COMPILE); compile_mode: default | max-autotune;
+    quantize: the transformer's --quantize mode."""
+    env = env or Environment.detect()
+    if device.type != "cuda":
+        if mode == "on":
+            logger.warning("compile was requested but the device is {}: running eager", device.type)
+        return CompilePolicy(False, False, f"{device.type} runs eager")
+    if mode == "off":
+        return CompilePolicy(False, True, "compile turned off; CUDA graphs still cut launch overhead")
+    if env.triton is None:
+        if mode == "on":
+            raise DeviceError("--compile needs Triton, which is not installed here (on Windows: pip install "
+                              "triton-windows matching your torch); use --no-compile to run eager")
+        return CompilePolicy(False, True, f"no Triton on {env.os}: eager step in CUDA graphs")
+    pdl = pdl_requested()
+    fused = os.environ.get("S1_MINI_FUSED_PROJECTIONS", "1") != "0"  # 0: for comparisons (scripts/profile_step.py)
+    return CompilePolicy(True, True, f"CUDA with Triton {env.triton} on {env.os}", compile_mode, quantize == "int8",
+                         pdl, fused)
+
+
+def _inductor_default_cache_dir() -> str | None:
+    try:
+        from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+    except ImportError:
+        return None
+    return os.path.abspath(default_cache_dir())
+
+
+def _pin_ptxas() -> None:
+    """Point Triton at the ptxas Inductor picks (by Inductor's own helper) before our kernels compile.
+    Triton's cache key holds the ptxas version, and Inductor sets TRITON_PTXAS_PATH only once it
+    compiles a kernel: a cold start (Inductor compiles) cached our kernels under keys that a warm
+    start (Inductor loads from its cache, sets nothing) missed, so the first warm start compiled them
+    again (~5 s on an H100, torch 2.11, 2026-11-27). A path the user set wins; where torch bundles no
+    ptxas, the helper sets nothing, in either start."""
+    try:
+        from torch._inductor.runtime.compile_tasks import _set_triton_ptxas_path
+    except ImportError:
+        try:  # where older torch versions keep it
+            from torch._inductor.codecache import _set_triton_ptxas_path
+        except ImportError:  # no such helper: Inductor sets nothing, nothing to match
+            return
+    _set_triton_ptxas_path()
+
+
+def configure_caches(cache_root: Path) -> dict[str, str]:
+    """Point Inductor and Triton at persistent dirs (unless the user already did) and turn caches on."""
+    dirs = {
+        "TORCHINDUCTOR_CACHE_DIR": str(cache_root / "inductor"),
+        "TRITON_CACHE_DIR": str(cache_root / "triton"),
+    }
+    torch_defaults = {"TORCHINDUCTOR_CACHE_DIR": _inductor_default_cache_dir()}
+    for var, path in dirs.items():
+        # Importing torch._dynamo writes Inductor's default (a temp dir, lost on reboot) into the
+        # environment: that value is torch's, not the user's, so ours replaces it.
+        if os.environ.get(var) in (None, torch_defaults.get(var)):
+            os.environ[var] = path
+        Path(os.environ[var]).mkdir(parents=True, exist_ok=True)
+    _pin_ptxas()
+    import torch._functorch.config as functorch_config
+    import torch._inductor.config as inductor_config
+
+    apply_settings(inductor_config, {"fx_graph_cache": True, "autotune_local_cache": True})
+    apply_settings(functorch_config, {"enable_autograd_cache": True})
+    return {var: os.environ[var] for var in dirs}

@@ -1,0 +1,133 @@
+"""EngineConfig: the one validated set of engine settings.
+
+Built from keyword arguments (launch.py flags, the engine CLI, tests) with `S1_MINI_*` environment
+variables as fallbacks. This is the only module that reads the environment for engine settings.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+from .errors import InputError
+
+DEFAULT_REPO_ID = "fishaudio/openaudio-s1-mini"
+DEFAULT_LOCAL_CHECKPOINT = Path("checkpoints/openaudio-s1-mini")
+
+DEVICES = ("auto", "cpu", "cuda", "mps")
+PRECISIONS = ("auto", "bf16", "fp16", "fp32")
+COMPILE_MODES = ("auto", "on", "off")
+QUANTIZE_MODES = ("none", "int8", "int4", "fp8")
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    # Local directory or Hugging Face repo id; None = ./checkpoints/openaudio-s1-mini if present,
+    # else the default repo id.
+    checkpoint: str | None = None
+    demo: bool = False  # tiny random model: runs anywhere in seconds, produces noise
+    random_weights: bool = False  # full-size random weights: for benchmarks without the checkpoint
+    device: str = "auto"
+    precision: str = "auto"
+    compile: str = "auto"
+    # torch.compile mode of the decode step's blocks: "default" compiles fast; "max-autotune"
+    # benchmarks Triton matmul templates (longer first compile, cached afterwards).
+    compile_mode: str = "default"
+    quantize: str = "none"
+    # Sequences decoded at once (KV slots); 0 = auto: 64 on CUDA (capped by free memory), 4 elsewhere.
+    max_batch_size: int = 0
+    max_text_length: int = 2000  # characters per request; 0 = no limit
+    max_queue: int = 64
+    max_reference_seconds: float = 90.0
+    # KV-cache positions per sequence (prompt + generated frames); 0 = the model's maximum (8192).
+    # 4096 holds a 90 s reference with its transcript plus 1024 new frames, in half the memory.
+    max_context: int = 4096
+    cache_dir: str | None = None  # None = the platformdirs user cache dir
+    voices_dir: str | None = None  # None = the platformdirs user data dir / voices
+    seed: int | None = None  # engine-wide default seed for requests that give none
+    # Sample codebook 0 over the whole vocabulary as the reference does, instead of over the
+    # semantic tokens and <|im_end|> only (slower: reads the full 155,776-row output matrix).
+    exact_sampling: bool = False
+    # CUDA: the GPU worker thread's own work (prefill, copies) and its step graphs go on
+    # high-priority streams, ahead of the codec's and reference encodes' low-priority ones
+    # (Synthesizer.claim_thread).
+    decode_priority: bool = True  # the decode steps outrank the codec on the GPU (docs/PERFORMANCE.md)
+    # Python's GIL switch interval (its default is 5 ms), set process-wide when the engine starts;
+    # 0 = leave it as it is. The GPU worker thread, which launches every step, waits up to this long
+    # for the GIL when the web server's threads hold it (docs/PERFORMANCE.md).
+    switch_interval_ms: float = 0.5
+    # Steps the GPU worker launches after a step before it reads that step's frame counts: the
+    # steps queued ahead of the GPU while the host hands out frames (engine/runtime/scheduler.py).
+    read_back_lag: int = 2
+    # Admission while sequences run (engine/runtime/scheduler.py): steps a new arrival waits for
+    # others to share its prefill call (ADMIT_GATHER_STEPS), and the audio, in seconds, every new
+    # listener must have ahead before more requests are admitted (ADMIT_MIN_LEAD_S); 0 turns either off.
+    admit_gather_steps: int = 4
+    admit_min_lead_s: float = 0.25
+
+    def __post_init__(self):
+        _one_of("device", self.device.split(":")[0], DEVICES)
+        _one_of("precision", self.precision, PRECISIONS)
+        _one_of("compile", self.compile, COMPILE_MODES)
+        _one_of("compile_mode", self.compile_mode, ("default", "max-autotune"))
+        _one_of("quantize", self.quantize, QUANTIZE_MODES)
+        if self.demo and self.random_weights:
+            raise InputError("choose either demo (tiny model) or random_weights (full size), not both")
+        if self.max_batch_size < 0:
+            raise InputError(f"max_batch_size must be >= 0 (0 = auto), got {self.max_batch_size}")
+        if self.max_queue < 1:
+            raise InputError(f"max_queue must be at least 1, got {self.max_queue}")
+        if self.max_text_length < 0:
+            raise InputError(f"max_text_length must be >= 0 (0 = no limit), got {self.max_text_length}")
+        if self.max_context < 0:
+            raise InputError(f"max_context must be >= 0 (0 = the model's maximum), got {self.max_context}")
+        if self.max_reference_seconds <= 0:
+            raise InputError("max_reference_seconds must be positive")
+        if self.read_back_lag < 1:
+            raise InputError(f"read_back_lag must be at least 1, got {self.read_back_lag}")
+        if self.admit_gather_steps < 0 or self.admit_min_lead_s < 0:
+            raise InputError(f"admit_gather_steps and admit_min_lead_s must be >= 0 (0 = off), got "
+                             f"{self.admit_gather_steps} and {self.admit_min_lead_s}")
+        if self.switch_interval_ms < 0:
+            raise InputError(f"switch_interval_ms must be >= 0 (0 = leave it as it is), got {self.switch_interval_ms}")
+
+    @classmethod
+    def from_env(cls, environ: dict | None = None, **overrides) -> "EngineConfig":
+        """Settings from `S1_MINI_<FIELD>` variables, then `overrides` (None values are ignored)."""
+        environ = os.environ if environ is None else environ
+        values = {}
+        for f in fields(cls):
+            raw = environ.get(f"S1_MINI_{f.name.upper()}")
+            if raw is not None:
+                values[f.name] = _parse(f.name, raw, f.type)
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**values)
+
+
+def _one_of(name: str, value: str, allowed: tuple[str, ...]):
+    if value not in allowed:
+        raise InputError(f"{name} must be one of {', '.join(allowed)}; got {value!r}")
+
+
+def _parse(name: str, raw: str, type_name: str):
+    text = raw.strip()
+    if "bool" in type_name:
+        if text.lower() in _TRUE:
+            return True
+        if text.lower() in _FALSE:
+            return False
+        raise InputError(f"S1_MINI_{name.upper()} must be true or false, got {raw!r}")
+    if "None" in type_name and text == "":
+        return None
+    try:
+        if type_name.startswith("int"):
+            return int(text)
+        if type_name.startswith("float"):
+            return float(text)
+    except ValueError:
+        raise InputError(f"S1_MINI_{name.upper()} must be a number, got {raw!r}") from None
+    return text
