@@ -100,6 +100,16 @@ def build_parser() -> argparse.ArgumentParser:
         "[S1_MINI_API_KEY]",
     )
     server.add_argument(
+        "--cors-origins", metavar="ORIGINS",
+        help="browser origins allowed to call the API from their pages, comma-separated (e.g. "
+        "https://app.example.com), or * for any [S1_MINI_CORS_ORIGINS; default none]",
+    )
+    server.add_argument(
+        "--openai-voices", metavar="NAME=VOICE,...",
+        help="OpenAI voice names spoken by saved voices on /v1/audio/speech, e.g. alloy=narrator,nova=anna; "
+        "unmapped names use the model's own voice [S1_MINI_OPENAI_VOICES]",
+    )
+    server.add_argument(
         "--share", action="store_true", default=None,
         help="also publish a temporary public gradio.live link (needs internet; not on Spaces) [S1_MINI_SHARE]",
     )
@@ -119,6 +129,8 @@ class ServerPlan:
     share: bool
     reasons: tuple[str, ...]
     ui: bool = True
+    cors_origins: tuple[str, ...] = ()
+    openai_voices: tuple[tuple[str, str], ...] = ()
 
 
 def parse_listen(text: str) -> tuple[str, int]:
@@ -184,7 +196,15 @@ def plan_server(args, environ) -> ServerPlan:
         if share:
             raise ValueError("--share publishes the Gradio UI, which --no-ui turns off: drop one of them")
         reasons.append("REST API only (--no-ui): no Gradio UI")
-    return ServerPlan(host, port, root or "", api_key, share, tuple(reasons), ui)
+    from app.settings import parse_openai_voices, parse_origins
+
+    cors, _ = _flag_or_env(args.cors_origins, environ, "S1_MINI_CORS_ORIGINS")
+    cors_origins = parse_origins(cors or "")
+    if cors_origins:
+        reasons.append(f"CORS: pages from {', '.join(cors_origins)} may call the API")
+    voices, _ = _flag_or_env(args.openai_voices, environ, "S1_MINI_OPENAI_VOICES")
+    openai_voices = tuple(parse_openai_voices(voices or "").items())
+    return ServerPlan(host, port, root or "", api_key, share, tuple(reasons), ui, cors_origins, openai_voices)
 
 
 def runpod_storage_defaults(environ, workspace: str = RUNPOD_WORKSPACE) -> dict[str, str]:
@@ -319,7 +339,8 @@ def serve(config, plan: ServerPlan) -> int:
         stats.get("model"), stats.get("device"), stats.get("precision"), stats.get("compile"),
     )
     settings = AppSettings(api_key=plan.api_key, root_path=plan.root_path, ui_concurrency=engine.slots, ui=plan.ui,
-                           stream_threads=engine.capacity)
+                           stream_threads=engine.capacity, cors_origins=plan.cors_origins,
+                           openai_voices=dict(plan.openai_voices))
     if plan.ui and not settings.stream_ui_audio:
         logger.warning("ffmpeg not found on PATH: the UI plays audio when complete instead of streaming it")
     app = create_app(engine, settings)

@@ -77,7 +77,11 @@ async def _form_fields(request: Request) -> dict:
         form = await request.form()
     except Exception as e:  # malformed multipart: the parser's message is the useful part
         raise HTTPProblem(400, f"the multipart body could not be read: {e}") from None
-    data = {k: v for k, v in form.items() if k not in (REFERENCE_AUDIO_PART, REFERENCE_TEXT_PART)}
+    data = {
+        k: await read_upload(v) if isinstance(v, UploadFile) else v
+        for k, v in form.items()
+        if k not in (REFERENCE_AUDIO_PART, REFERENCE_TEXT_PART)
+    }
     audios = form.getlist(REFERENCE_AUDIO_PART)
     texts = form.getlist(REFERENCE_TEXT_PART)
     if len(audios) != len(texts):

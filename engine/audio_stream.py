@@ -9,6 +9,7 @@ stdout as soon as it is encoded; WAV and raw PCM at speed 1 need no ffmpeg.
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import shutil
@@ -127,30 +128,39 @@ class _Shaper:
 
 
 def encode_stream(chunks: Iterator[np.ndarray], source_rate: int, spec: OutputSpec) -> Iterator[bytes]:
-    """Bytes of `spec.format` as `chunks` (float32 mono at source_rate) arrive. Closing the returned
-    generator closes `chunks` (for the engine, that cancels the request)."""
-    if spec.needs_ffmpeg:
-        return _ffmpeg_stream(chunks, source_rate, spec)
-    return _pcm_stream(chunks, source_rate, spec)
-
-
-def _pcm_stream(chunks, source_rate: int, spec: OutputSpec) -> Iterator[bytes]:
-    shaper = _Shaper(source_rate, spec)
+    """Bytes of `spec.format` as `chunks` (float32 mono at source_rate) arrive. Nothing is yielded
+    before the first chunk, so an error the source raises before any audio comes out of the first
+    next() (an HTTP edge can still answer it with a 4xx). Closing the returned generator closes
+    `chunks` (for the engine, that cancels the request)."""
+    chunks = iter(chunks)
     try:
-        if spec.format == "wav":
-            yield wav_stream_header(spec.rate(source_rate))
-        for chunk in chunks:
+        first = next(chunks, None)
+    except BaseException:
+        _close(chunks)
+        raise
+    encoder = _ffmpeg_stream if spec.needs_ffmpeg else _pcm_stream
+    yield from encoder([] if first is None else [first], chunks, source_rate, spec)
+
+
+def _pcm_stream(first: list, chunks, source_rate: int, spec: OutputSpec) -> Iterator[bytes]:
+    shaper = _Shaper(source_rate, spec)
+    header = wav_stream_header(spec.rate(source_rate)) if spec.format == "wav" else b""
+    try:
+        for chunk in itertools.chain(first, chunks):
             out = shaper.push(chunk)
             if len(out):
-                yield to_pcm16_bytes(out)
+                yield header + to_pcm16_bytes(out)
+                header = b""
         tail = shaper.push(np.zeros(0, np.float32), last=True)
-        if len(tail):
-            yield to_pcm16_bytes(tail)
+        if len(tail) or header:
+            yield header + to_pcm16_bytes(tail)
     finally:
         _close(chunks)
 
 
-def _ffmpeg_stream(chunks, source_rate: int, spec: OutputSpec) -> Iterator[bytes]:
+def _ffmpeg_stream(first: list, chunks, source_rate: int, spec: OutputSpec) -> Iterator[bytes]:
+    """The feeder thread reads `chunks` and closes it: a generator cannot be closed from another
+    thread while it runs."""
     rate = spec.rate(source_rate)
     process = subprocess.Popen(_ffmpeg_command(rate, spec), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE)
@@ -160,7 +170,7 @@ def _ffmpeg_stream(chunks, source_rate: int, spec: OutputSpec) -> Iterator[bytes
         """On its own thread, so that ffmpeg's output is read while the engine is still producing."""
         shaper = _Shaper(source_rate, spec)
         try:
-            for chunk in chunks:
+            for chunk in itertools.chain(first, chunks):
                 process.stdin.write(to_pcm16_bytes(shaper.push(chunk)))
                 process.stdin.flush()
             process.stdin.write(to_pcm16_bytes(shaper.push(np.zeros(0, np.float32), last=True)))
@@ -179,19 +189,20 @@ def _ffmpeg_stream(chunks, source_rate: int, spec: OutputSpec) -> Iterator[bytes
     feeder.start()
     finished = False
     try:
-        if spec.format == "wav":
-            yield wav_stream_header(rate)
+        header = wav_stream_header(rate) if spec.format == "wav" else b""
         while data := os.read(process.stdout.fileno(), _READ_BYTES):
-            yield data
+            yield header + data
+            header = b""
         feeder.join()
         if failure:
             raise failure[0]
         if process.wait() != 0:
-            raise RuntimeError(f"ffmpeg failed encoding {spec.format}: {process.stderr.read().decode(errors='replace')[-300:]}")
+            message = process.stderr.read().decode(errors="replace")[-300:]
+            raise RuntimeError(f"ffmpeg failed encoding {spec.format}: {message}")
         finished = True
     finally:
         if not finished:
-            process.kill()
+            process.kill()  # the feeder's next write fails, and it closes the engine's stream
         process.wait()
         process.stdout.close()
         process.stderr.close()
