@@ -33,8 +33,9 @@ from .service import StreamStats, Synthesizer, Voice
 
 log = logging.getLogger("app")
 
-# The end of a sentence: terminal punctuation (Latin or CJK), then whitespace or the end of the text.
-_SENTENCE_END = re.compile(r"[.!?;。！？；…]+[\"')\]]*(?=\s|$)")
+# The end of a sentence: Latin terminal punctuation followed by whitespace or the end of the text
+# (not the dot in 2.5), or CJK terminal punctuation, which no space follows.
+_SENTENCE_END = re.compile(r"[.!?;…]+[\"')\]]*(?=\s|$)|[。！？；]+")
 _END = None  # the segments queue's end marker
 
 

@@ -15,7 +15,16 @@ from starlette.responses import JSONResponse, RedirectResponse
 
 from engine.errors import S1Error
 
-from . import openapi, routes_live, routes_openai, routes_references, routes_system, routes_tts, routes_vqgan
+from . import (
+    openapi,
+    routes_live,
+    routes_openai,
+    routes_references,
+    routes_system,
+    routes_tts,
+    routes_unsupported,
+    routes_vqgan,
+)
 from .auth import UI_LOGIN_MESSAGE, ApiKeyGuard
 from .body import describe
 from .bridge import STREAM_THREADS
@@ -66,6 +75,7 @@ def create_app(engine, settings: AppSettings | None = None) -> FastAPI:
     app.include_router(routes_references.build_router(engine.voices), dependencies=protected)
     app.include_router(routes_vqgan.build_router(engine), dependencies=protected)
     app.include_router(routes_live.build_router(synth, guard))
+    app.include_router(routes_unsupported.build_router(), dependencies=protected)
     openapi.install(app, bearer_auth=settings.api_key is not None)
 
     if not settings.ui:
