@@ -17,6 +17,7 @@ M = TypeVar("M", bound=BaseModel)
 JSON = "application/json"
 MSGPACK = "application/msgpack"
 MULTIPART = "multipart/form-data"
+FORM = "application/x-www-form-urlencoded"  # a form without files; read as multipart is
 BODY_TYPES = (JSON, MSGPACK, MULTIPART)
 
 # Multipart has no nesting: inline references come as repeated file parts and transcripts.
@@ -58,7 +59,7 @@ async def read_body(request: Request, model: type[M]) -> M:
             data = ormsgpack.unpackb(await request.body())
         except (ormsgpack.MsgpackDecodeError, ValueError) as e:
             raise HTTPProblem(400, f"the body is not valid msgpack: {e}") from None
-    elif kind == MULTIPART:
+    elif kind in (MULTIPART, FORM):
         data = await _form_fields(request)
     else:
         shown = kind or "none"

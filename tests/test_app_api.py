@@ -306,7 +306,7 @@ BAD_REQUESTS = [
     ("temperature out of range", "POST", "/v1/tts", {"json": {"text": "hi", "temperature": 5}}, 422, "temperature"),
     ("top_p not a number", "POST", "/v1/tts", {"json": {"text": "hi", "top_p": "high"}}, 422, "top_p"),
     ("unknown format", "POST", "/v1/tts", {"json": {"text": "hi", "format": "aiff"}}, 422, "format"),
-    ("stream mp3", "POST", "/v1/tts", {"json": {"text": "hi", "streaming": True, "format": "mp3"}}, 400, "streaming"),
+    ("opus at 22 kHz", "POST", "/v1/tts", {"json": {"text": "hi", "format": "opus", "sample_rate": 22050}}, 400, "opus"),
     ("unknown voice", "POST", "/v1/tts", {"json": {"text": "hi", "reference_id": "ghost"}}, 404, "ghost"),
     (
         "broken JSON",
