@@ -12,7 +12,6 @@ from __future__ import annotations
 import itertools
 import math
 import os
-import shutil
 import subprocess
 import threading
 from collections.abc import Iterator
@@ -23,6 +22,7 @@ import soxr
 
 from .audio import OPUS_RATES, encode_audio, ffmpeg_missing_message, to_int16, to_pcm16_bytes, wav_stream_header
 from .errors import InputError
+from .ffmpeg import ffmpeg
 
 STREAM_FORMATS = ("wav", "pcm", "mp3", "opus", "aac", "flac")
 SPEED_RANGE = (0.25, 4.0)
@@ -93,10 +93,10 @@ def atempo_chain(speed: float) -> str:
 
 
 def ffmpeg_path() -> str:
-    path = shutil.which("ffmpeg")
-    if path is None:
+    found = ffmpeg()
+    if found is None:
         raise InputError(ffmpeg_missing_message("this output (speed other than 1, or mp3, opus, aac and flac streams)"))
-    return path
+    return found.path
 
 
 def _ffmpeg_command(rate: int, spec: OutputSpec) -> list[str]:
