@@ -3,7 +3,7 @@
 Sample rate and volume are applied in-process (soxr's streaming resampler, a gain). Speed is a
 pitch-preserving time-stretch by ffmpeg's `atempo` filter (WSOLA), chained where one filter's range
 (0.5-2.0 in older ffmpeg builds) is not enough. Compressed formats (mp3, opus, aac, flac) are
-encoded by one ffmpeg process per stream that reads 16-bit PCM on stdin and writes each packet to
+encoded by one ffmpeg process (engine/ffmpeg.py finds it) per stream that reads 16-bit PCM on stdin and writes each packet to
 stdout as soon as it is encoded; WAV and raw PCM at speed 1 need no ffmpeg.
 """
 
