@@ -116,6 +116,16 @@ def build_parser() -> argparse.ArgumentParser:
         "[S1_MINI_API_KEY]",
     )
     server.add_argument(
+        "--cors-origins", metavar="ORIGINS",
+        help="browser origins allowed to call the API from their pages, comma-separated (e.g. "
+        "https://app.example.com), or * for any [S1_MINI_CORS_ORIGINS; default none]",
+    )
+    server.add_argument(
+        "--openai-voices", metavar="NAME=VOICE,...",
+        help="OpenAI voice names spoken by saved voices on /v1/audio/speech, e.g. alloy=narrator,nova=anna; "
+        "unmapped names use the model's own voice [S1_MINI_OPENAI_VOICES]",
+    )
+    server.add_argument(
         "--share", action="store_true", default=None,
         help="also publish a temporary public gradio.live link (needs internet; not on Spaces) [S1_MINI_SHARE]",
     )
@@ -140,6 +150,8 @@ class ServerPlan:
     share: bool
     reasons: tuple[str, ...]
     ui: bool = True
+    cors_origins: tuple[str, ...] = ()
+    openai_voices: tuple[tuple[str, str], ...] = ()
     drain_s: float = DRAIN_S
 
 
@@ -210,11 +222,20 @@ def plan_server(args, environ) -> ServerPlan:
         if share:
             raise ValueError("--share publishes the Gradio UI, which --no-ui turns off: drop one of them")
         reasons.append("REST API only (--no-ui): no Gradio UI")
+    from app.settings import parse_openai_voices, parse_origins
+
+    cors, _ = _flag_or_env(args.cors_origins, environ, "S1_MINI_CORS_ORIGINS")
+    cors_origins = parse_origins(cors or "")
+    if cors_origins:
+        reasons.append(f"CORS: pages from {', '.join(cors_origins)} may call the API")
+    voices, _ = _flag_or_env(args.openai_voices, environ, "S1_MINI_OPENAI_VOICES")
+    openai_voices = tuple(parse_openai_voices(voices or "").items())
     drain, _ = _flag_or_env(args.drain_seconds, environ, "S1_MINI_DRAIN_SECONDS")
     drain_s = float(drain) if drain is not None else (SERVE_DRAIN_S if serve_mode else DRAIN_S)
     if not 0 <= drain_s <= 3600:
         raise ValueError(f"--drain-seconds must be between 0 and 3600, got {drain}")
-    return ServerPlan(host, port, root or "", api_key, share, tuple(reasons), ui, drain_s)
+    return ServerPlan(host, port, root or "", api_key, share, tuple(reasons), ui, cors_origins, openai_voices,
+                      drain_s)
 
 
 def sagemaker_model_dir(args, environ, model_dir: str = SAGEMAKER_MODEL_DIR) -> str | None:
@@ -362,7 +383,8 @@ def serve(config, plan: ServerPlan) -> int:
         stats.get("model"), stats.get("device"), stats.get("precision"), stats.get("compile"),
     )
     settings = AppSettings(api_key=plan.api_key, root_path=plan.root_path, ui_concurrency=engine.slots, ui=plan.ui,
-                           stream_threads=engine.capacity)
+                           stream_threads=engine.capacity, cors_origins=plan.cors_origins,
+                           openai_voices=dict(plan.openai_voices))
     app = create_app(engine, settings)
     shown_host = "127.0.0.1" if plan.host in ("0.0.0.0", "::") else plan.host
     if plan.ui:

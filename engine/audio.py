@@ -28,17 +28,18 @@ SILENCE_DBFS = -60.0  # a clip whose peak is below this holds no usable speech
 
 AudioSource = Union[bytes, bytearray, memoryview, str, os.PathLike, tuple]
 
-OUTPUT_FORMATS = ("wav", "pcm", "flac", "mp3", "opus")
+OUTPUT_FORMATS = ("wav", "pcm", "flac", "mp3", "opus", "aac")
 MIME_TYPES = {
     "wav": "audio/wav",
     "pcm": "audio/pcm",  # raw 16-bit little-endian mono at the engine's sample rate
     "flac": "audio/flac",
     "mp3": "audio/mpeg",
     "opus": "audio/ogg",
+    "aac": "audio/aac",  # ADTS
 }
 OPUS_RATES = (8000, 12000, 16000, 24000, 48000)  # the only rates Opus accepts
 
-_FFMPEG_FORMATS = {"mp3": {"format": "mp3"}, "opus": {"format": "ogg", "codec": "libopus"}}
+_FFMPEG_FORMATS = {"mp3": {"format": "mp3"}, "opus": {"format": "ogg", "codec": "libopus"}, "aac": {"format": "adts"}}
 
 
 def ffmpeg_missing_message(what: str) -> str:
@@ -246,6 +247,8 @@ def encode_audio(samples: np.ndarray, sample_rate: int, fmt: str) -> bytes:
         return pcm.astype("<i2").tobytes()
     if fmt in ("wav", "flac"):
         return _soundfile_bytes(pcm, sample_rate, fmt.upper(), "PCM_16")
+    if fmt == "aac":  # libsndfile has no AAC
+        return _ffmpeg_bytes(pcm, sample_rate, fmt)
     floats = pcm.astype(np.float32) / 32767.0  # the clipped signal, so all formats agree
     if fmt == "opus" and sample_rate not in OPUS_RATES:
         floats = soxr.resample(floats, sample_rate, 48000, quality="HQ")
