@@ -2,21 +2,21 @@
 
 SageMaker probes /ping until it answers 200 and sends every InvokeEndpoint call to /invocations with
 the caller's ContentType and Accept. The body is /v1/tts's (JSON or msgpack, same fields); the Accept
-header picks the audio format (the body's `format` when Accept names none); the whole clip comes
-back in one response. The routes are on every server, not only in the container's `serve` mode,
+header picks the audio format (the body's `format` when Accept names none). The whole clip comes
+back in one response, or, with `"streaming": true` (InvokeEndpointWithResponseStream), as it is
+made. The routes are on every server, not only in the container's `serve` mode,
 so the contract is tested without a container.
 """
 
 from __future__ import annotations
 
 from fastapi import APIRouter, Request
-from starlette.concurrency import run_in_threadpool
 from starlette.responses import Response
 
 from engine.audio import MIME_TYPES
 
 from .api_schema import TTSRequest
-from .audio_out import audio_response
+from .audio_out import streamed_audio, whole_audio
 from .body import JSON, MSGPACK, read_body
 from .errors import HTTPProblem, retry_after
 from .openapi import request_body
@@ -80,14 +80,16 @@ def build_router(synth: Synthesizer) -> APIRouter:
         response_class=Response,
         openapi_extra=request_body(TTSRequest, (JSON, MSGPACK)),
         responses={
-            200: {"content": {mime: {} for mime in MIME_TYPES.values()}, "description": "The whole clip."},
+            200: {"content": {mime: {} for mime in MIME_TYPES.values()}, "description": "The clip, whole or streamed."},
             406: {"description": "Accept names no audio format this server writes."},
         },
     )
     async def invocations(request: Request):
         req = await read_body(request, TTSRequest)
-        fmt = format_from_accept(request.headers.get("accept"), req.format)
-        result = await run_in_threadpool(synth.synthesize, req.text, Voice.of(req), req.sampling_params())
-        return audio_response(result.audio, result.sample_rate, fmt)
+        spec = req.output_spec(format_from_accept(request.headers.get("accept"), req.format))
+        voice, params = Voice.of(req), req.sampling_params()
+        if req.streaming:
+            return await streamed_audio(synth, req.text, voice, params, spec)
+        return await whole_audio(synth, req.text, voice, params, spec)
 
     return router

@@ -111,6 +111,15 @@ def test_invocations_takes_msgpack_like_v1_tts(http):
     assert same.status_code == 200 and decode_pcm16(same.content).tolist() == pcm.tolist()
 
 
+def test_streaming_invocations_send_the_same_samples_as_the_whole_clip(http):
+    headers = {**AUTH, "Accept": "audio/pcm"}
+    whole = http.post("/invocations", json={**BODY, "seed": 4}, headers=headers)
+    with http.stream("POST", "/invocations", json={**BODY, "seed": 4, "streaming": True}, headers=headers) as r:
+        assert r.status_code == 200 and r.headers["content-type"].startswith("audio/pcm")
+        streamed = b"".join(r.iter_bytes())
+    assert whole.status_code == 200 and streamed == whole.content and len(streamed) > 0
+
+
 def test_without_accept_the_body_format_is_used(http):
     r = http.post("/invocations", json={**BODY, "format": "flac"}, headers=AUTH)
     assert r.status_code == 200 and r.headers["content-type"].startswith("audio/flac")
