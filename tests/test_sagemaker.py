@@ -261,3 +261,15 @@ def test_serve_mode_finishes_the_request_in_flight_on_sigterm(tmp_path):
         log.close()
     text = (tmp_path / "serve.log").read_text()
     assert "serve mode" in text and "Finished server process" in text and "Traceback" not in text
+
+
+def test_the_container_healthcheck_finds_the_server_on_its_port(server):
+    from app import healthcheck
+
+    port = server.url.rpartition(":")[2]
+    assert healthcheck.ports({"S1_MINI_LISTEN": f"0.0.0.0:{port}"}) == [port, "7860", "8080"]
+    assert healthcheck.ports({"SAGEMAKER_BIND_TO_PORT": "9000"}) == ["9000", "7860", "8080"]
+    env = {**os.environ, "S1_MINI_LISTEN": f"0.0.0.0:{port}"}
+    assert subprocess.run([sys.executable, "-m", "app.healthcheck"], cwd=ROOT, env=env, timeout=60).returncode == 0
+    env["S1_MINI_LISTEN"] = f"0.0.0.0:{free_port()}"  # nothing there (nor, here, on 7860 or 8080, normally)
+    assert not healthcheck.healthy(env["S1_MINI_LISTEN"].rpartition(":")[2])
