@@ -73,17 +73,17 @@ def test_profile_encode_times_the_reference_encoder_and_writes_its_json(tmp_path
     assert all(r["ms_per_clip"] > 0 for r in rows)
 
 
-def test_profile_step_sets_the_inductor_config_it_is_given(monkeypatch):
+def test_profile_step_sets_the_inductor_config_it_is_given():
     sys.path.insert(0, str(ROOT / "scripts"))
     import torch._inductor.config as config
     from profile_step import set_inductor_config
 
-    # Settings every supported torch has (others come and go between releases).
-    monkeypatch.setattr(config.triton, "cudagraphs", False)
-    monkeypatch.setattr(config, "max_autotune", False)
-    set_inductor_config("triton.cudagraphs=True")
-    set_inductor_config("max_autotune=True")
-    assert config.triton.cudagraphs is True and config.max_autotune is True
+    # torch's own patch() puts them back: pytest's monkeypatch on a torch config module hides the
+    # setting from torch for the rest of the process on torch 2.14.
+    with config.patch({"triton.cudagraphs": False, "max_autotune": False}):
+        set_inductor_config("triton.cudagraphs=True")
+        set_inductor_config("max_autotune=True")
+        assert config.triton.cudagraphs is True and config.max_autotune is True
     with pytest.raises(SystemExit, match="no triton.no_such_setting"):
         set_inductor_config("triton.no_such_setting=1")
     with pytest.raises(SystemExit, match="no no_such_group.setting"):

@@ -86,8 +86,9 @@ def debug_lines():
 
 
 def torch_without(monkeypatch, *missing: str):
-    """As on a torch that dropped or renamed these settings. (Deleting them from torch's config
-    module would hide them from torch itself for the rest of the process.)"""
+    """As on a torch that dropped or renamed these settings. Torch's config modules themselves are
+    left alone: deleting a setting, or pytest's monkeypatch on one (torch 2.14), hides it from torch
+    for the rest of the process."""
     real = compilation.has_setting
     monkeypatch.setattr(compilation, "has_setting", lambda config, key: key not in missing and real(config, key))
 
@@ -116,14 +117,14 @@ def test_settings_are_found_nested_and_missing_ones_never_raise(debug_lines):
 
 
 def test_the_recompile_limit_is_raised_never_lowered(monkeypatch, debug_lines):
-    monkeypatch.setattr(dynamo_config, "recompile_limit", 8)
-    compilation.raise_recompile_limit(32)
-    assert dynamo_config.recompile_limit == 32
-    compilation.raise_recompile_limit(16)
-    assert dynamo_config.recompile_limit == 32
-    torch_without(monkeypatch, "recompile_limit")
-    compilation.raise_recompile_limit(64)  # a torch without the setting: skipped, no error
-    assert dynamo_config.recompile_limit == 32
+    with dynamo_config.patch(recompile_limit=8):  # not monkeypatch: see torch_without
+        compilation.raise_recompile_limit(32)
+        assert dynamo_config.recompile_limit == 32
+        compilation.raise_recompile_limit(16)
+        assert dynamo_config.recompile_limit == 32
+        torch_without(monkeypatch, "recompile_limit")
+        compilation.raise_recompile_limit(64)  # a torch without the setting: skipped, no error
+        assert dynamo_config.recompile_limit == 32
     assert debug_lines == [f"torch {torch.__version__} has no torch._dynamo.config.recompile_limit: skipped "
                            "(compiles without it)"]
 
