@@ -1,1 +1,0 @@
-"""S1-mini Studio inference engine."""
