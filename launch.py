@@ -17,7 +17,7 @@ import os
 import socket
 import sys
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 # Before Gradio is imported: no analytics calls, so the app starts with no network at all.
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
@@ -115,7 +115,7 @@ class ServerPlan:
     host: str
     port: int
     root_path: str
-    api_key: str | None
+    api_key: str | None = field(repr=False)  # no log line or traceback shows it
     share: bool
     reasons: tuple[str, ...]
     ui: bool = True

@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator, Iterator
 import numpy as np
 from starlette.responses import Response, StreamingResponse
 
-from engine.audio import MIME_TYPES, encode_audio, to_pcm16_bytes, wav_stream_header
+from engine.audio import MIME_TYPES, to_pcm16_bytes, wav_stream_header
 
 from .errors import HTTPProblem
 
@@ -37,12 +37,9 @@ def _headers(fmt: str, sample_rate: int) -> dict[str, str]:
     }
 
 
-def audio_response(samples: np.ndarray, sample_rate: int, fmt: str) -> Response:
-    return Response(
-        encode_audio(samples, sample_rate, fmt),
-        media_type=MIME_TYPES[fmt],
-        headers=_headers(fmt, sample_rate),
-    )
+def audio_response(data: bytes, sample_rate: int, fmt: str) -> Response:
+    """data: a whole file in `fmt` (engine.audio.encode_audio, on a thread of its own)."""
+    return Response(data, media_type=MIME_TYPES[fmt], headers=_headers(fmt, sample_rate))
 
 
 def pcm16_chunks(chunks: Iterator[np.ndarray]) -> Iterator[bytes]:

@@ -13,6 +13,7 @@ from starlette.responses import JSONResponse, Response
 
 from .api_schema import DeleteReferenceRequest, RenameReferenceRequest
 from .body import BODY_TYPES, MSGPACK, read_body, validate
+from .errors import error_responses
 from .openapi import request_body
 
 
@@ -25,7 +26,8 @@ def _answer(request: Request, body: dict) -> Response:
 def build_router(voices) -> APIRouter:
     router = APIRouter(prefix="/v1/references", tags=["voices"])
 
-    @router.post("/add", summary="Save a voice: a reference clip and its transcript")
+    @router.post("/add", summary="Save a voice: a reference clip and its transcript",
+                 responses=error_responses(400, 409, 413, 422))
     async def add(
         request: Request,
         id: str = Form(description="Voice id: letters, digits, space, - and _"),  # noqa: A002 (reference's field name)
@@ -38,13 +40,14 @@ def build_router(voices) -> APIRouter:
 
     @router.get("/list", summary="Saved voice ids, sorted")
     async def list_voices(request: Request):
-        ids = await run_in_threadpool(voices.list)
+        ids = voices.list()  # one directory listing: on the loop, never behind a busy thread pool
         return _answer(request, {"success": True, "reference_ids": sorted(ids), "message": "Success"})
 
     @router.delete(
         "/delete",
         summary="Delete a saved voice",
         openapi_extra=request_body(DeleteReferenceRequest, BODY_TYPES),
+        responses=error_responses(400, 404, 413, 415, 422),
     )
     async def delete(request: Request):
         """The id comes in the body, or as the query parameter `reference_id`."""
@@ -60,6 +63,7 @@ def build_router(voices) -> APIRouter:
         "/update",
         summary="Rename a saved voice",
         openapi_extra=request_body(RenameReferenceRequest, BODY_TYPES),
+        responses=error_responses(400, 404, 409, 413, 415, 422),
     )
     async def rename(request: Request):
         req = await read_body(request, RenameReferenceRequest)

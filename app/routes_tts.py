@@ -7,9 +7,9 @@ import logging
 import numbers
 from collections.abc import AsyncIterator
 
+import numpy as np
 import ormsgpack
 from fastapi import APIRouter, Request
-from starlette.concurrency import run_in_threadpool
 from starlette.responses import JSONResponse, Response
 
 from engine.audio import encode_audio
@@ -20,10 +20,10 @@ from engine.params import SamplingParams
 from .api_schema import BatchTTSRequest, SpeechRequest, TTSRequest
 from .audio_out import audio_response, check_streamable, pcm16_chunks, streaming_audio_response
 from .body import BODY_TYPES, JSON, MSGPACK, read_body
-from .bridge import iterate_in_thread
-from .errors import HTTPProblem, problem_for
+from .bridge import call_in_thread, iterate_in_thread, until_disconnected
+from .errors import HTTPProblem, error_responses, problem_for
 from .openapi import request_body
-from .service import StreamStats, Synthesizer, Voice
+from .service import SpeechService, StreamStats, Voice
 from .settings import AppSettings
 
 log = logging.getLogger("app")
@@ -55,15 +55,32 @@ async def _first_then_rest(chunks: AsyncIterator) -> AsyncIterator:
     return rest()
 
 
-def build_router(synth: Synthesizer, settings: AppSettings) -> APIRouter:
+# A client that went away before its answer: nginx's code, logged and counted, never sent.
+CLIENT_CLOSED_REQUEST = 499
+SPEECH_ERRORS = (400, 404, 413, 415, 422, 429)
+
+
+async def _collect(chunks: AsyncIterator[np.ndarray]) -> list[np.ndarray]:
+    return [chunk async for chunk in chunks]
+
+
+def build_router(synth: SpeechService, settings: AppSettings) -> APIRouter:
     router = APIRouter(prefix="/v1", tags=["speech"])
 
-    async def speak(text: str, voice: Voice, params: SamplingParams, fmt: str, streaming: bool) -> Response:
-        if not streaming:
-            result = await run_in_threadpool(synth.synthesize, text, voice, params)
-            return audio_response(result.audio, result.sample_rate, fmt)
-        check_streamable(fmt)
+    async def speak(request: Request, text: str, voice: Voice, params: SamplingParams, fmt: str,
+                    streaming: bool) -> Response:
+        """Both kinds run on the engine's stream threads and enter the engine the same way (its
+        queue limit answers 429 beyond capacity); both stop when the client goes away."""
         stats = StreamStats(synth.sample_rate)
+        if not streaming:
+            chunks = iterate_in_thread(lambda: synth.stream(text, voice, params, stats))
+            connected, pieces = await until_disconnected(request.receive, _collect(chunks))
+            if not connected:
+                return Response(status_code=CLIENT_CLOSED_REQUEST)
+            audio = np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.float32)
+            data = await call_in_thread(lambda: encode_audio(audio, synth.sample_rate, fmt))
+            return audio_response(data, synth.sample_rate, fmt)
+        check_streamable(fmt)
         chunks = await _first_then_rest(iterate_in_thread(lambda: pcm16_chunks(synth.stream(text, voice, params, stats))))
         return streaming_audio_response(chunks, synth.sample_rate, fmt)
 
@@ -72,38 +89,47 @@ def build_router(synth: Synthesizer, settings: AppSettings) -> APIRouter:
         summary="Text to speech (fish-speech ServeTTSRequest)",
         response_class=Response,
         openapi_extra=request_body(TTSRequest, BODY_TYPES),
-        responses={200: {"content": {"audio/wav": {}}, "description": "Audio in the requested format."}},
+        responses={
+            200: {"content": {"audio/wav": {}}, "description": "Audio in the requested format."},
+            **error_responses(*SPEECH_ERRORS),
+        },
     )
     async def tts(request: Request):
         """JSON, msgpack or multipart body. In multipart, inline references are repeated
         `reference_audio` file parts, each with a `reference_text` part in the same order."""
         req = await read_body(request, TTSRequest)
-        return await speak(req.text, Voice.of(req), req.sampling_params(), req.format, req.streaming)
+        return await speak(request, req.text, Voice.of(req), req.sampling_params(), req.format, req.streaming)
 
     @router.post(
         "/audio/speech",
         summary="Text to speech (OpenAI-compatible)",
         response_class=Response,
-        responses={200: {"content": {"audio/mpeg": {}}, "description": "Audio in response_format."}},
+        openapi_extra=request_body(SpeechRequest, (JSON, MSGPACK)),
+        responses={
+            200: {"content": {"audio/mpeg": {}}, "description": "Audio in response_format."},
+            **error_responses(*SPEECH_ERRORS, openai=True),
+        },
     )
-    async def openai_speech(body: SpeechRequest):
+    async def openai_speech(request: Request):
+        body = await read_body(request, SpeechRequest, (JSON, MSGPACK))
         if body.speed != 1.0:
             raise HTTPProblem(400, "speed other than 1.0 is not supported by this model")
-        voice = await run_in_threadpool(_openai_voice, synth.engine.voices, body.voice)
-        return await speak(body.input, voice, body.sampling_params(), body.response_format, body.stream)
+        voice = _openai_voice(synth.engine.voices, body.voice)
+        return await speak(request, body.input, voice, body.sampling_params(), body.response_format, body.stream)
 
     @router.post(
         "/tts/batch",
         summary="Several texts, one voice, one response with per-item results",
         openapi_extra=request_body(BatchTTSRequest, (JSON, MSGPACK)),
+        responses=error_responses(400, 413, 415, 422, 429),
     )
     async def tts_batch(request: Request):
         """Answers JSON (audio base64-encoded) or, with `Accept: application/msgpack`, msgpack
         (audio as bytes). A failed item carries its own error; the others still succeed."""
-        req = await read_body(request, BatchTTSRequest)
+        req = await read_body(request, BatchTTSRequest, (JSON, MSGPACK))
         if len(req.texts) > settings.max_batch_items:
             raise HTTPProblem(422, f"at most {settings.max_batch_items} texts per batch; got {len(req.texts)}")
-        results = await run_in_threadpool(synth.batch, req.texts, Voice.of(req), req.sampling_params())
+        results = await call_in_thread(lambda: synth.batch(req.texts, Voice.of(req), req.sampling_params()))
         as_msgpack = MSGPACK in request.headers.get("accept", "")
         items = [_batch_item(i, r, req.format, as_msgpack) for i, r in enumerate(results)]
         body = {"format": req.format, "sample_rate": synth.sample_rate, "results": items}
@@ -119,7 +145,7 @@ def _openai_voice(store, name: str) -> Voice:
         return Voice(voice_id=name)
     if name.lower() in OPENAI_VOICE_NAMES:
         return Voice()
-    raise VoiceNotFoundError(f"voice {name!r} is not a saved voice; saved voices: {', '.join(store.list()) or 'none'}")
+    raise VoiceNotFoundError(store.not_found_message(name))
 
 
 def _batch_item(index: int, result: SynthesisResult | Exception, fmt: str, raw_bytes: bool) -> dict:
