@@ -21,7 +21,11 @@ def bearer_token(request: Request) -> str | None:
 
 
 class ApiKeyGuard:
-    """FastAPI dependency: passes when no key is configured or the request carries it."""
+    """FastAPI dependency: passes when no key is configured or the request carries it.
+
+    Async, so FastAPI runs it on the event loop: a sync dependency would wait for a thread of
+    Starlette's shared pool, and a route behind the key would answer only as fast as that pool.
+    """
 
     def __init__(self, api_key: str | None, ui_login_check=None):
         self.api_key = api_key
@@ -31,7 +35,10 @@ class ApiKeyGuard:
     def ui_password_ok(self, _username: str, password: str) -> bool:
         return self.api_key is None or _same(password, self.api_key)
 
-    def __call__(self, request: Request) -> None:
+    def __repr__(self) -> str:
+        return f"ApiKeyGuard(api_key={'set' if self.api_key else None})"
+
+    async def __call__(self, request: Request) -> None:
         if self.api_key is None:
             return
         token = bearer_token(request)
@@ -43,8 +50,8 @@ class ApiKeyGuard:
             {"WWW-Authenticate": "Bearer"},
         )
 
-    def docs(self, request: Request) -> None:
+    async def docs(self, request: Request) -> None:
         """For the docs pages: the Bearer header or a logged-in UI session."""
         if self.ui_login_check is not None and self.ui_login_check(request):
             return
-        self(request)
+        await self(request)

@@ -38,33 +38,48 @@ def describe(errors) -> str:
     return "; ".join(parts) or "invalid request"
 
 
-def validate(model: type[M], data) -> M:
+def validate(model: type[M], data, strict: bool = False) -> M:
+    """strict: types as declared (JSON and msgpack carry them: `"normalize": 0` is no boolean);
+    form fields and query parameters are text, so they are converted."""
     if not isinstance(data, dict):
         raise HTTPProblem(422, "the request body must be an object with named fields")
     try:
-        return model.model_validate(data)
+        return model.model_validate(data, strict=strict)
     except ValidationError as e:
         raise HTTPProblem(422, describe(e.errors())) from None
+    except RecursionError:  # a deeply nested value where a flat one belongs
+        raise HTTPProblem(422, "the request body is nested too deeply for its fields") from None
 
 
-async def read_body(request: Request, model: type[M]) -> M:
+def invalid_json(reason: str) -> HTTPProblem:
+    """The one answer to a body that is not JSON, whichever route parsed it."""
+    return HTTPProblem(400, f"the body is not valid JSON: {reason}")
+
+
+def parse_json(raw: bytes):
+    try:
+        return json.loads(raw or b"null")
+    except ValueError as e:
+        raise invalid_json(str(e)) from None
+    except RecursionError:  # the parser recurses per level: thousands of [ or { exhaust the stack
+        raise invalid_json("it is nested too deeply") from None
+
+
+async def read_body(request: Request, model: type[M], body_types: tuple[str, ...] = BODY_TYPES) -> M:
     kind = media_type(request)
+    if kind not in body_types and not (kind == FORM and MULTIPART in body_types):
+        shown = kind or "none"
+        raise HTTPProblem(415, f"unsupported Content-Type {shown}; send one of {', '.join(body_types)}")
     if kind == JSON:
-        try:
-            data = json.loads(await request.body() or b"null")
-        except ValueError as e:
-            raise HTTPProblem(400, f"the body is not valid JSON: {e}") from None
+        data = parse_json(await request.body())
     elif kind == MSGPACK:
         try:
             data = ormsgpack.unpackb(await request.body())
         except (ormsgpack.MsgpackDecodeError, ValueError) as e:
             raise HTTPProblem(400, f"the body is not valid msgpack: {e}") from None
-    elif kind in (MULTIPART, FORM):
-        data = await _form_fields(request)
     else:
-        shown = kind or "none"
-        raise HTTPProblem(415, f"unsupported Content-Type {shown}; send one of {', '.join(BODY_TYPES)}")
-    return validate(model, data)
+        data = await _form_fields(request)
+    return validate(model, data, strict=kind not in (MULTIPART, FORM))  # form fields are text
 
 
 async def read_upload(upload) -> bytes:

@@ -1,6 +1,8 @@
-"""Run the engine's synchronous chunk generator on a worker thread and read it from asyncio.
+"""Run the engine's synchronous calls and chunk generators on threads of their own and await them
+from asyncio.
 
-The event loop never blocks on the engine. When the reader stops early (the client went away),
+The event loop never blocks on the engine, and no generation work waits in (or fills) Starlette's
+shared thread pool, which other routes need. When the reader stops early (the client went away),
 the worker stops asking for chunks and closes the generator on its own thread, which lets the
 engine cancel the request and free its slot.
 """
@@ -8,10 +10,11 @@ engine cancel the request and free its slot.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import queue
 import threading
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import TypeVar
 
 from .errors import problem_for
@@ -147,3 +150,47 @@ async def iterate_in_thread(make_iterator: Callable[[], Iterator[T]]) -> AsyncIt
             yield value
     finally:
         stop.set()
+
+
+async def call_in_thread(fn: Callable[[], T]) -> T:
+    """fn() on a StreamThreads thread; its result or exception here."""
+    future: concurrent.futures.Future = concurrent.futures.Future()
+
+    def work():
+        if not future.set_running_or_notify_cancel():
+            return
+        try:
+            future.set_result(fn())
+        except BaseException as e:  # handed to the awaiting caller
+            future.set_exception(e)
+
+    STREAM_THREADS.run(work)
+    return await asyncio.wrap_future(future)
+
+
+async def until_disconnected(receive, work: Awaitable[T]) -> tuple[bool, T | None]:
+    """(True, work's result), or (False, None) once the client disconnects first, with `work`
+    cancelled (an iterate_in_thread it reads stops, and its request leaves the engine).
+
+    receive: the request's ASGI receive, called only after its body has been read.
+    """
+    task = asyncio.ensure_future(work)
+    watch = asyncio.ensure_future(_disconnect(receive))
+    try:
+        await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watch.cancel()
+        if not task.done():
+            task.cancel()
+            try:
+                await task  # its clean-up (closing the stream it reads) runs before we answer
+            except asyncio.CancelledError:
+                pass
+    if task.cancelled():
+        return False, None
+    return True, task.result()
+
+
+async def _disconnect(receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass

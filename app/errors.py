@@ -11,6 +11,8 @@ import math
 from dataclasses import dataclass, field
 from http import HTTPStatus
 
+from pydantic import BaseModel, Field
+
 from engine.errors import (
     CheckpointError,
     InputError,
@@ -22,6 +24,12 @@ from engine.errors import (
 log = logging.getLogger("app")
 
 INTERNAL_MESSAGE = "internal error while generating audio; the server log has the details"
+# OpenAI's routes answer errors in OpenAI's shape, which their SDKs read.
+OPENAI_PREFIXES = ("/v1/audio/", "/v1/models")  # routes whose errors take OpenAI's shape (`error.message`)
+
+
+def openai_style(path: str) -> bool:
+    return path.startswith(OPENAI_PREFIXES)
 
 
 class HTTPProblem(Exception):
@@ -69,10 +77,61 @@ def problem_for(exc: BaseException) -> Problem:
     return Problem(500, INTERNAL_MESSAGE)
 
 
-def error_body(problem: Problem, openai_style: bool = False) -> dict:
-    """The reference server's shape; OpenAI clients read `error.message` instead."""
+def error_body(problem: Problem, openai: bool = False) -> dict:
+    """The reference server's shape (ErrorBody); OpenAI clients read `error.message` (OpenAIErrorBody)."""
     reason = HTTPStatus(problem.status).phrase
-    if openai_style:
+    if openai:
         kind = "invalid_request_error" if problem.status < 500 else "server_error"
         return {"error": {"message": problem.message, "type": kind, "code": problem.status}}
     return {"statusCode": problem.status, "error": reason, "message": problem.message}
+
+
+# ---- the documented error shapes ------------------------------------------------------------------
+
+
+class ErrorBody(BaseModel):
+    """Every error of the fish-speech style routes."""
+
+    statusCode: int = Field(description="The HTTP status again.")  # noqa: N815 (the reference server's name)
+    error: str = Field(description="The status's reason phrase.")
+    message: str = Field(description="What was wrong and what to do.")
+
+
+class OpenAIError(BaseModel):
+    message: str = Field(description="What was wrong and what to do.")
+    type: str = Field(description="invalid_request_error (4xx) or server_error (5xx).")
+    code: int = Field(description="The HTTP status again.")
+
+
+class OpenAIErrorBody(BaseModel):
+    """Every error of the OpenAI-compatible routes (/v1/audio/...)."""
+
+    error: OpenAIError
+
+
+ERROR_MEANINGS = {
+    400: "The body cannot be read (not valid JSON, msgpack or multipart) or its values cannot be used.",
+    401: "The API key is missing or wrong.",
+    404: "The saved voice does not exist.",
+    405: "The route does not take this method; `Allow` lists those it takes.",
+    409: "A saved voice with that id already exists.",
+    413: "The body is over the server's size limit.",
+    415: "The Content-Type is not one the route reads.",
+    422: "A field is missing, of the wrong type or out of range.",
+    429: "The engine's queue is full; retry after `Retry-After` seconds.",
+    500: "An unexpected error; the server log has the details.",
+    503: "The model is still loading or warming up; retry after `Retry-After` seconds.",
+}
+_RETRY_AFTER = {"Retry-After": {"description": "Seconds to wait before retrying.", "schema": {"type": "integer"}}}
+
+
+def error_responses(*statuses: int, openai: bool = False) -> dict:
+    """A route's `responses=`: each status it answers besides 200, in the error shape its path uses.
+    401 and 500 are added to every operation by app.openapi."""
+    model = OpenAIErrorBody if openai else ErrorBody
+    responses = {}
+    for status in statuses:
+        responses[status] = {"model": model, "description": ERROR_MEANINGS[status]}
+        if status in (429, 503):
+            responses[status]["headers"] = _RETRY_AFTER
+    return responses

@@ -19,7 +19,7 @@ import os
 import socket
 import sys
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 # Before Gradio is imported: no analytics calls, so the app starts with no network at all.
@@ -146,7 +146,7 @@ class ServerPlan:
     host: str
     port: int
     root_path: str
-    api_key: str | None
+    api_key: str | None = field(repr=False)  # no log line or traceback shows it
     share: bool
     reasons: tuple[str, ...]
     ui: bool = True

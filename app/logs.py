@@ -4,6 +4,7 @@ the engine already uses."""
 from __future__ import annotations
 
 import logging
+import sys
 
 from loguru import logger
 
@@ -18,4 +19,8 @@ class _ToLoguru(logging.Handler):
 
 
 def route_std_logging_to_loguru(level: int = logging.INFO):
+    """Also replaces loguru's default sink by one without `diagnose`: that one prints the values of
+    the variables in every traceback frame, secrets (the API key) and request data included."""
+    logger.remove()
+    logger.add(sys.stderr, diagnose=False)
     logging.basicConfig(handlers=[_ToLoguru()], level=level, force=True)

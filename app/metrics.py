@@ -63,7 +63,14 @@ class Metrics:
             self.errors.labels(route, error_kind).inc()
 
     def observe_synthesis(self, audio_s: float, total_s: float, ttfa_s: float | None):
+        """A whole result at once."""
+        self.observe_audio(audio_s)
+        self.observe_timing(audio_s, total_s, ttfa_s)
+
+    def observe_audio(self, audio_s: float):
         self.audio_seconds.inc(audio_s)
+
+    def observe_timing(self, audio_s: float, total_s: float, ttfa_s: float | None):
         if ttfa_s is not None:
             self.ttfa.observe(ttfa_s)
         if audio_s > 0:

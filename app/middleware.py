@@ -1,10 +1,15 @@
-"""Plain ASGI middleware (streams pass through untouched): request counting and a body size cap."""
+"""Plain ASGI middleware (streams pass through untouched): request counting, a body size cap, and
+the answers for API paths that no route takes."""
 
 from __future__ import annotations
 
-from starlette.responses import JSONResponse
+import re
 
-from .errors import HTTPProblem, Problem, error_body
+from starlette.responses import JSONResponse
+from starlette.routing import compile_path
+
+from .errors import HTTPProblem, Problem, error_body, openai_style
+from .route_table import api_routes
 from .metrics import Metrics
 
 API_PREFIX = "/v1/"
@@ -71,3 +76,44 @@ class BodySizeLimit:
             return message
 
         await self.app(scope, counted_receive, send)
+
+
+class UnmatchedApiRoutes:
+    """405 with `Allow` for a method that the app's own routes do not take on a path they serve, and
+    404 for an unknown path under /v1/, both in the API's error shape.
+
+    The UI is mounted at "/" and would answer both with its own 404 otherwise. `routes` is the app's
+    live route list, so routes added later are covered too.
+    """
+
+    def __init__(self, app, routes: list):
+        self.app = app
+        self.routes = routes
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        path, method = scope["path"], scope["method"]
+        allowed: set[str] = set()
+        for route in api_routes(self.routes):
+            if _path_pattern(route.path).match(path):
+                if method in route.methods:
+                    await self.app(scope, receive, send)
+                    return
+                allowed |= route.methods
+        if allowed:
+            methods = ", ".join(sorted(allowed))
+            problem = Problem(405, f"{path} does not take {method}; use {methods}", {"Allow": methods})
+        elif path.startswith(API_PREFIX):
+            problem = Problem(404, f"no route {path}; the API's routes are listed at /docs")
+        else:
+            await self.app(scope, receive, send)
+            return
+        response = JSONResponse(error_body(problem, openai_style(path)), status_code=problem.status,
+                                headers=problem.headers)
+        await response(scope, receive, send)
+
+
+def _path_pattern(path: str) -> re.Pattern:
+    return compile_path(path)[0]  # the re module caches the compiled patterns

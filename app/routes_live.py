@@ -29,7 +29,7 @@ from .auth import ApiKeyGuard
 from .body import describe
 from .bridge import iterate_in_thread
 from .errors import HTTPProblem, problem_for
-from .service import StreamStats, Synthesizer, Voice
+from .service import StreamStats, SpeechService, Voice
 
 log = logging.getLogger("app")
 
@@ -51,7 +51,7 @@ def split_complete(buffer: str, chunk_length: int) -> tuple[str, str]:
     return "", buffer
 
 
-def build_router(synth: Synthesizer, guard: ApiKeyGuard) -> APIRouter:
+def build_router(synth: SpeechService, guard: ApiKeyGuard) -> APIRouter:
     router = APIRouter(prefix="/v1", tags=["speech"])
 
     @router.websocket("/tts/live")
@@ -103,7 +103,7 @@ async def _finish_with_error(ws: WebSocket, message: str):
 
 
 class LiveSession:
-    def __init__(self, synth: Synthesizer, ws: WebSocket, request: TTSRequest):
+    def __init__(self, synth: SpeechService, ws: WebSocket, request: TTSRequest):
         self.synth, self.ws, self.request = synth, ws, request
         self.voice, self.params = Voice.of(request), request.sampling_params()
         self.spec = request.output_spec(request.format)

@@ -14,7 +14,7 @@ import math
 import time
 from collections.abc import AsyncIterator
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import Response, StreamingResponse
 
@@ -24,8 +24,10 @@ from engine.errors import VoiceNotFoundError
 
 from .api_schema import SpeechRequest, VoiceId
 from .audio_out import audio_bytes, streamed_audio
-from .errors import HTTPProblem
-from .service import StreamStats, Synthesizer, Voice
+from .body import JSON, MSGPACK, read_body
+from .errors import HTTPProblem, error_responses
+from .openapi import request_body
+from .service import StreamStats, SpeechService, Voice
 from .settings import AppSettings
 
 MODEL_ID = "s1-mini"
@@ -76,7 +78,7 @@ def _saved_voice(store, mapping: dict[str, str], name: str) -> str | None:
                              "GET /v1/audio/voices lists the voices")
 
 
-def build_router(synth: Synthesizer, settings: AppSettings) -> APIRouter:
+def build_router(synth: SpeechService, settings: AppSettings) -> APIRouter:
     router = APIRouter(prefix="/v1", tags=["openai"])
     store = synth.engine.voices
 
@@ -84,7 +86,7 @@ def build_router(synth: Synthesizer, settings: AppSettings) -> APIRouter:
     async def list_models():
         return {"object": "list", "data": [_model_card(m) for m in SERVED_MODELS]}
 
-    @router.get("/models/{model_id}", summary="One model (OpenAI's format)")
+    @router.get("/models/{model_id}", summary="One model (OpenAI's format)", responses=error_responses(404, openai=True))
     async def get_model(model_id: str):
         if model_id not in SERVED_MODELS:
             raise HTTPProblem(404, f"model {model_id!r} is not served here; GET /v1/models lists the models")
@@ -99,10 +101,13 @@ def build_router(synth: Synthesizer, settings: AppSettings) -> APIRouter:
         "/audio/speech",
         summary="Text to speech (OpenAI)",
         response_class=Response,
+        openapi_extra=request_body(SpeechRequest, (JSON, MSGPACK)),
         responses={200: {"content": {**AUDIO_CONTENT, "text/event-stream": {}},
-                         "description": "Audio in response_format, streamed; or server-sent events (stream_format sse)."}},
+                         "description": "Audio in response_format, streamed; or server-sent events (stream_format sse)."},
+                   **error_responses(400, 404, 413, 415, 422, 429, openai=True)},
     )
-    async def openai_speech(body: SpeechRequest):
+    async def openai_speech(request: Request):
+        body = await read_body(request, SpeechRequest, (JSON, MSGPACK))
         if body.model not in SERVED_MODELS:
             raise HTTPProblem(400, f"model {body.model!r} is not served here; use one of {', '.join(SERVED_MODELS)}")
         if body.instructions and body.instructions.strip():
@@ -132,14 +137,9 @@ def _event(payload: dict) -> bytes:
     return f"data: {json.dumps(payload)}\n\n".encode()
 
 
-def _usage(synth: Synthesizer, text: str, stats: StreamStats) -> dict:
+def _usage(synth: SpeechService, text: str, stats: StreamStats) -> dict:
     """Input tokens: the text's tokens; output tokens: the codec frames generated."""
     input_tokens = len(synth.engine.models.tokenizer.encode(text))
     output_tokens = math.ceil(stats.audio_s * synth.engine.models.codec.config.frame_rate)
     return {"input_tokens": input_tokens, "output_tokens": output_tokens, "total_tokens": input_tokens + output_tokens}
-
-
-def openai_error_paths() -> tuple[str, ...]:
-    """Path prefixes whose errors take OpenAI's shape (`error.message`)."""
-    return ("/v1/audio/", "/v1/models")
 

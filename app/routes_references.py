@@ -13,6 +13,7 @@ from .api_schema import AddReferenceRequest, DeleteReferenceRequest, RenameRefer
 from .body import BODY_TYPES, read_body, validate
 from .negotiation import documented
 from .negotiation import negotiated as _answer
+from .errors import error_responses
 from .openapi import request_body
 
 
@@ -23,7 +24,7 @@ def build_router(voices) -> APIRouter:
         "/add",
         summary="Save a voice: a reference clip and its transcript",
         openapi_extra=request_body(AddReferenceRequest, BODY_TYPES),
-        responses=documented(),
+        responses={**documented(), **error_responses(400, 409, 413, 415, 422)},
     )
     async def add(request: Request):
         """Multipart (an `audio` file part), JSON (`audio` base64-encoded) or msgpack (`audio` bytes)."""
@@ -33,14 +34,14 @@ def build_router(voices) -> APIRouter:
 
     @router.get("/list", summary="Saved voice ids, sorted", responses=documented())
     async def list_voices(request: Request):
-        ids = await run_in_threadpool(voices.list)
+        ids = voices.list()  # one directory listing: on the loop, never behind a busy thread pool
         return _answer(request, {"success": True, "reference_ids": sorted(ids), "message": "Success"})
 
     @router.delete(
         "/delete",
         summary="Delete a saved voice",
         openapi_extra=request_body(DeleteReferenceRequest, BODY_TYPES),
-        responses=documented(),
+        responses={**documented(), **error_responses(400, 404, 413, 415, 422)},
     )
     async def delete(request: Request):
         """The id comes in the body, or as the query parameter `reference_id`."""
@@ -56,7 +57,7 @@ def build_router(voices) -> APIRouter:
         "/update",
         summary="Rename a saved voice",
         openapi_extra=request_body(RenameReferenceRequest, BODY_TYPES),
-        responses=documented(),
+        responses={**documented(), **error_responses(400, 404, 409, 413, 415, 422)},
     )
     async def rename(request: Request):
         req = await read_body(request, RenameReferenceRequest)

@@ -18,9 +18,9 @@ from engine.audio import MIME_TYPES
 from .api_schema import TTSRequest
 from .audio_out import streamed_audio, whole_audio
 from .body import JSON, MSGPACK, read_body
-from .errors import HTTPProblem, retry_after
+from .errors import HTTPProblem, error_responses, retry_after
 from .openapi import request_body
-from .service import Synthesizer, Voice
+from .service import SpeechService, Voice
 
 # Accept values to formats: the MIME types the API answers with, plus the usual aliases.
 ACCEPTED = {
@@ -65,10 +65,11 @@ def format_from_accept(accept: str | None, body_format: str) -> str:
     )
 
 
-def build_router(synth: Synthesizer) -> APIRouter:
+def build_router(synth: SpeechService) -> APIRouter:
     router = APIRouter(tags=["sagemaker"])
 
-    @router.get("/ping", summary="SageMaker health check: 200 once the model is ready, 503 before")
+    @router.get("/ping", summary="SageMaker health check: 200 once the model is ready, 503 before",
+                responses=error_responses(503))
     async def ping():
         if synth.engine.is_ready:
             return {"status": "ready"}
@@ -82,6 +83,7 @@ def build_router(synth: Synthesizer) -> APIRouter:
         responses={
             200: {"content": {mime: {} for mime in MIME_TYPES.values()}, "description": "The clip, whole or streamed."},
             406: {"description": "Accept names no audio format this server writes."},
+            **error_responses(400, 404, 413, 415, 422, 429),
         },
     )
     async def invocations(request: Request):
@@ -90,6 +92,6 @@ def build_router(synth: Synthesizer) -> APIRouter:
         voice, params = Voice.of(req), req.sampling_params()
         if req.streaming:
             return await streamed_audio(synth, req.text, voice, params, spec)
-        return await whole_audio(synth, req.text, voice, params, spec)
+        return await whole_audio(request, synth, req.text, voice, params, spec)
 
     return router

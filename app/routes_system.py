@@ -1,12 +1,14 @@
-"""Liveness, readiness and Prometheus metrics."""
+"""Liveness, readiness and Prometheus metrics.
+
+All answer on the event loop, from memory: none waits for a thread that generation work could hold.
+"""
 
 from __future__ import annotations
 
 from fastapi import APIRouter, Depends
-from starlette.concurrency import run_in_threadpool
-from starlette.responses import Response
+from starlette.responses import PlainTextResponse, Response
 
-from .errors import HTTPProblem, retry_after
+from .errors import HTTPProblem, error_responses, retry_after
 from .metrics import Metrics
 
 
@@ -20,7 +22,8 @@ def build_router(engine, metrics: Metrics, guard) -> APIRouter:
     async def health():
         return {"status": "ok"}
 
-    @router.get("/ready", summary="The model is loaded and warm", dependencies=[Depends(guard)])
+    @router.get("/ready", summary="The model is loaded and warm", dependencies=[Depends(guard)],
+                responses=error_responses(503))
     async def ready():
         if engine.is_ready:
             # Sequences that can run at once now, and once the larger batches' graphs are captured.
@@ -28,9 +31,10 @@ def build_router(engine, metrics: Metrics, guard) -> APIRouter:
                     "capturing": engine.capturing}
         raise HTTPProblem(503, "the model is still loading or warming up", retry_after(5))
 
-    @router.get("/metrics", summary="Prometheus metrics", dependencies=[Depends(guard)])
+    @router.get("/metrics", summary="Prometheus metrics", dependencies=[Depends(guard)],
+                response_class=PlainTextResponse)
     async def prometheus():
-        body, content_type = await run_in_threadpool(metrics.render, engine)
+        body, content_type = metrics.render(engine)  # counters and engine.stats(): no I/O
         return Response(body, media_type=content_type)
 
     return router

@@ -5,9 +5,9 @@ from __future__ import annotations
 import base64
 import logging
 import numbers
+
 import ormsgpack
 from fastapi import APIRouter, Request
-from starlette.concurrency import run_in_threadpool
 from starlette.responses import JSONResponse, Response
 
 from engine.audio import MIME_TYPES, encode_audio
@@ -16,9 +16,10 @@ from engine.facade import SynthesisResult
 from .api_schema import AUDIO_FORMATS, BatchTTSRequest, TTSRequest
 from .audio_out import streamed_audio, whole_audio
 from .body import BODY_TYPES, JSON, MSGPACK, read_body
-from .errors import HTTPProblem, problem_for
+from .bridge import call_in_thread
+from .errors import HTTPProblem, error_responses, problem_for
 from .openapi import request_body
-from .service import Synthesizer, Voice
+from .service import SpeechService, Voice
 from .settings import AppSettings
 
 log = logging.getLogger("app")
@@ -26,6 +27,7 @@ log = logging.getLogger("app")
 # Fish Audio's SDKs name a model in this header on every request; their answers stream.
 FISH_MODEL_HEADER = "model"
 FISH_MODELS = ("s1", "s1-mini", "openaudio-s1-mini", "s2-pro", "speech-1.5", "speech-1.6")
+SPEECH_ERRORS = (400, 404, 413, 415, 422, 429)
 
 
 def _streams(request: Request, req: TTSRequest) -> bool:
@@ -39,7 +41,7 @@ def _streams(request: Request, req: TTSRequest) -> bool:
     return model is not None
 
 
-def build_router(synth: Synthesizer, settings: AppSettings) -> APIRouter:
+def build_router(synth: SpeechService, settings: AppSettings) -> APIRouter:
     router = APIRouter(prefix="/v1", tags=["speech"])
 
     @router.post(
@@ -47,7 +49,10 @@ def build_router(synth: Synthesizer, settings: AppSettings) -> APIRouter:
         summary="Text to speech (fish-speech ServeTTSRequest, Fish Audio's TTS request)",
         response_class=Response,
         openapi_extra=request_body(TTSRequest, BODY_TYPES),
-        responses={200: {"content": {MIME_TYPES[f]: {} for f in AUDIO_FORMATS}, "description": "Audio in `format`."}},
+        responses={
+            200: {"content": {MIME_TYPES[f]: {} for f in AUDIO_FORMATS}, "description": "Audio in `format`."},
+            **error_responses(*SPEECH_ERRORS),
+        },
     )
     async def tts(request: Request):
         """JSON, msgpack or multipart body. In multipart, inline references are repeated
@@ -57,22 +62,23 @@ def build_router(synth: Synthesizer, settings: AppSettings) -> APIRouter:
         voice, params = Voice.of(req), req.sampling_params()
         if _streams(request, req):
             return await streamed_audio(synth, req.text, voice, params, spec)
-        return await whole_audio(synth, req.text, voice, params, spec)
+        return await whole_audio(request, synth, req.text, voice, params, spec)
 
     @router.post(
         "/tts/batch",
         summary="Several texts, one voice, one response with per-item results",
         openapi_extra=request_body(BatchTTSRequest, (JSON, MSGPACK)),
+        responses=error_responses(400, 413, 415, 422, 429),
     )
     async def tts_batch(request: Request):
         """Answers JSON (audio base64-encoded) or, with `Accept: application/msgpack`, msgpack
         (audio as bytes). A failed item carries its own error; the others still succeed."""
-        req = await read_body(request, BatchTTSRequest)
+        req = await read_body(request, BatchTTSRequest, (JSON, MSGPACK))
         if len(req.texts) > settings.max_batch_items:
             raise HTTPProblem(422, f"at most {settings.max_batch_items} texts per batch; got {len(req.texts)}")
-        results = await run_in_threadpool(synth.batch, req.texts, Voice.of(req), req.sampling_params())
+        results = await call_in_thread(lambda: synth.batch(req.texts, Voice.of(req), req.sampling_params()))
         as_msgpack = MSGPACK in request.headers.get("accept", "")
-        items = [_batch_item(i, r, req.format, as_msgpack) for i, r in enumerate(results)]
+        items = await call_in_thread(lambda: [_batch_item(i, r, req.format, as_msgpack) for i, r in enumerate(results)])
         body = {"format": req.format, "sample_rate": synth.sample_rate, "results": items}
         if as_msgpack:
             return Response(ormsgpack.packb(body), media_type=MSGPACK)

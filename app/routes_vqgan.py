@@ -9,12 +9,13 @@ import base64
 import numpy as np
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, Field
-from starlette.concurrency import run_in_threadpool
 
 from engine.errors import InputError
 
 from .api_schema import AudioBytes
 from .body import JSON, MSGPACK, read_body
+from .bridge import call_in_thread
+from .errors import error_responses
 from .negotiation import documented, negotiated, wants_json
 from .openapi import request_body
 
@@ -40,19 +41,21 @@ def build_router(engine) -> APIRouter:
         "/encode",
         summary="Audio files to codec codes",
         openapi_extra=request_body(VQGANEncodeRequest, (JSON, MSGPACK)),
-        responses=documented(description="{tokens}: msgpack, or JSON when asked for"),
+        responses={**documented(description="{tokens}: msgpack, or JSON when asked for"),
+                   **error_responses(400, 413, 415, 422)},
     )
     async def encode(request: Request):
         """Answers `{"tokens": [[[int]]]}`: per file, one row of codes per codebook (~21.5 frames per second)."""
         req = await read_body(request, VQGANEncodeRequest)
-        tokens = [(await run_in_threadpool(engine.encode_codes, audio)).tolist() for audio in req.audios]
+        tokens = [(await call_in_thread(lambda: engine.encode_codes(audio))).tolist() for audio in req.audios]
         return negotiated(request, {"tokens": tokens})
 
     @router.post(
         "/decode",
         summary="Codec codes to audio (float16 PCM)",
         openapi_extra=request_body(VQGANDecodeRequest, (JSON, MSGPACK)),
-        responses=documented(description="{audios}: msgpack, or JSON (base64 audio) when asked for"),
+        responses={**documented(description="{audios}: msgpack, or JSON (base64 audio) when asked for"),
+                   **error_responses(400, 413, 415, 422)},
     )
     async def decode(request: Request):
         """Answers `{"audios": [bytes]}`: per code set, mono float16 little-endian samples at 44.1 kHz
@@ -60,7 +63,7 @@ def build_router(engine) -> APIRouter:
         req = await read_body(request, VQGANDecodeRequest)
         audios = []
         for codes in req.tokens:
-            samples = await run_in_threadpool(engine.decode_codes, _rectangular(codes))
+            samples = await call_in_thread(lambda: engine.decode_codes(_rectangular(codes)))
             audios.append(samples.astype("<f2").tobytes())
         if wants_json(request):
             audios = [base64.b64encode(a).decode("ascii") for a in audios]

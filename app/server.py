@@ -27,22 +27,20 @@ from . import (
     routes_vqgan,
 )
 from .auth import UI_LOGIN_MESSAGE, ApiKeyGuard
-from .body import describe
+from .body import describe, invalid_json
 from .bridge import STREAM_THREADS
-from .errors import HTTPProblem, Problem, error_body, problem_for
+from .errors import HTTPProblem, Problem, error_body, openai_style, problem_for
 from .metrics import Metrics
-from .middleware import BodySizeLimit, RequestMetrics
-from .service import Synthesizer
+from .middleware import BodySizeLimit, RequestMetrics, UnmatchedApiRoutes
+from .service import SpeechService
 from .settings import AppSettings
-
-OPENAI_PREFIXES = routes_openai.openai_error_paths()
 
 
 def create_app(engine, settings: AppSettings | None = None) -> FastAPI:
     settings = settings or AppSettings()
     STREAM_THREADS.keep(settings.stream_threads)  # before requests come: starting threads then held them up
     metrics = Metrics()
-    synth = Synthesizer(engine, metrics)
+    synth = SpeechService(engine, metrics)
     guard = ApiKeyGuard(settings.api_key)
     api_root = settings.root_path if settings.root_path.startswith("/") else ""
 
@@ -55,6 +53,7 @@ def create_app(engine, settings: AppSettings | None = None) -> FastAPI:
         root_path=api_root,
     )
     _add_error_handlers(app)
+    app.add_middleware(UnmatchedApiRoutes, routes=app.router.routes)
     app.add_middleware(RequestMetrics, metrics=metrics)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_mb * 2**20)
     if settings.cors_origins:
@@ -78,7 +77,7 @@ def create_app(engine, settings: AppSettings | None = None) -> FastAPI:
     app.include_router(routes_live.build_router(synth, guard))
     app.include_router(routes_sagemaker.build_router(synth), dependencies=protected)
     app.include_router(routes_unsupported.build_router(), dependencies=protected)
-    openapi.install(app, bearer_auth=settings.api_key is not None)
+    openapi.install(app, guard)
 
     if not settings.ui:
         @app.get("/", include_in_schema=False)
@@ -89,7 +88,7 @@ def create_app(engine, settings: AppSettings | None = None) -> FastAPI:
     return _mount_ui(app, synth, settings, metrics, guard)
 
 
-def _mount_ui(app: FastAPI, synth: Synthesizer, settings: AppSettings, metrics: Metrics, guard: ApiKeyGuard) -> FastAPI:
+def _mount_ui(app: FastAPI, synth: SpeechService, settings: AppSettings, metrics: Metrics, guard: ApiKeyGuard) -> FastAPI:
     import gradio as gr  # here, so that an API-only server runs without Gradio installed
 
     from .ui import CSS_PATH, build_ui
@@ -112,12 +111,18 @@ def _mount_ui(app: FastAPI, synth: Synthesizer, settings: AppSettings, metrics: 
 
 def _add_error_handlers(app: FastAPI):
     def respond(request: Request, problem: Problem) -> JSONResponse:
-        openai_style = request.url.path.startswith(OPENAI_PREFIXES)
-        return JSONResponse(error_body(problem, openai_style), status_code=problem.status, headers=problem.headers)
+        body = error_body(problem, openai_style(request.url.path))
+        return JSONResponse(body, status_code=problem.status, headers=problem.headers)
 
     @app.exception_handler(RequestValidationError)
     async def invalid_request(request: Request, exc: RequestValidationError):
-        return respond(request, Problem(422, describe(exc.errors())))
+        errors = exc.errors()
+        # A body FastAPI parsed itself: not JSON at all is the same mistake, and answer, as on
+        # the routes that read their own bodies (app.body).
+        broken = next((e for e in errors if e.get("type") == "json_invalid"), None)
+        if broken is not None:
+            return respond(request, problem_for(invalid_json((broken.get("ctx") or {}).get("error", "malformed"))))
+        return respond(request, Problem(422, describe(errors)))
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException):

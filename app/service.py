@@ -1,7 +1,8 @@
-"""The calls into the engine that the REST API and the UI share, with timing and metrics.
+"""SpeechService: the calls into the engine that the REST API and the UI share, with timing and
+metrics.
 
-Everything here is synchronous and runs on worker threads (Starlette's pool, Gradio's pool or
-app.bridge), never on the event loop.
+Everything here is synchronous and runs on worker threads (app.bridge's for the REST API,
+Gradio's for the UI), never on the event loop.
 """
 
 from __future__ import annotations
@@ -56,7 +57,9 @@ class Voice:
         return {"voice": None, "references": list(self.references)}
 
 
-class Synthesizer:
+class SpeechService:
+    """Speech for the web layer: the engine's synthesis calls, each one counted in the app's metrics."""
+
     def __init__(self, engine, metrics: Metrics):
         self.engine = engine
         self.metrics = metrics
@@ -71,7 +74,8 @@ class Synthesizer:
         return result
 
     def stream(self, text: str, voice: Voice, params: SamplingParams, stats: StreamStats) -> Iterator[np.ndarray]:
-        """Yields float32 chunks; `stats` is updated as they come."""
+        """Yields float32 chunks; `stats` is updated as they come. The audio counter grows with each
+        chunk, so it shows the work done, a request cut short included."""
         start = time.perf_counter()
         chunks = self.engine.synthesize_stream(text, params=params, **voice.engine_kwargs())
         try:
@@ -80,10 +84,11 @@ class Synthesizer:
                     stats.ttfa_s = time.perf_counter() - start
                 stats.samples += len(chunk)
                 stats.total_s = time.perf_counter() - start
+                self.metrics.observe_audio(len(chunk) / stats.sample_rate)
                 yield chunk
         finally:
             chunks.close()
-        self.metrics.observe_synthesis(stats.audio_s, stats.total_s, stats.ttfa_s)
+        self.metrics.observe_timing(stats.audio_s, stats.total_s, stats.ttfa_s)
 
     def batch(
         self,

@@ -9,7 +9,9 @@ from engine.audio import ffmpeg_available
 
 @dataclass(frozen=True)
 class AppSettings:
-    api_key: str | None = None  # None = open; otherwise Bearer key for the API, password for the UI
+    # None = open; otherwise Bearer key for the API, password for the UI. Out of the repr, so that no
+    # log line or traceback that shows the settings shows the key.
+    api_key: str | None = field(default=None, repr=False)
     root_path: str = ""  # public URL or sub-path the app is served under (proxies, RunPod)
     max_batch_items: int = 100  # texts per /v1/tts/batch request or UI batch run
     ui_concurrency: int = 8  # UI generations in flight at once; the engine batches them

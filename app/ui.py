@@ -14,7 +14,7 @@ from engine import params as P
 from engine.params import SamplingParams
 
 from .metrics import Metrics
-from .service import Synthesizer
+from .service import SpeechService
 from .settings import AppSettings
 from .ui_handlers import BATCH_HEADERS, NO_VOICE, UPLOADED, Handlers, guarded
 
@@ -63,7 +63,7 @@ def _examples() -> list[list[str]]:
     return [[line] for line in EXAMPLES_PATH.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
-def build_ui(synth: Synthesizer, settings: AppSettings, metrics: Metrics) -> gr.Blocks:
+def build_ui(synth: SpeechService, settings: AppSettings, metrics: Metrics) -> gr.Blocks:
     h = Handlers(synth, settings)
 
     def event(fn, name):

@@ -18,7 +18,7 @@ from .batch_input import batch_texts
 from .errors import problem_for
 from .metrics import Metrics
 from .outputs import OutputDir, write_file, zip_files
-from .service import StreamStats, Synthesizer, Voice
+from .service import SpeechService, StreamStats, Voice
 from .settings import AppSettings
 
 # Dropdown values that cannot clash with a voice id (ids allow letters, digits, space, - and _).
@@ -97,7 +97,7 @@ def _safe_name(text: str, limit: int = 32) -> str:
 
 
 class Handlers:
-    def __init__(self, synth: Synthesizer, settings: AppSettings, outputs: OutputDir | None = None):
+    def __init__(self, synth: SpeechService, settings: AppSettings, outputs: OutputDir | None = None):
         self.synth = synth
         self.settings = settings
         self.outputs = outputs or OutputDir()

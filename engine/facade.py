@@ -23,14 +23,14 @@ from . import compilation
 from .audio import load_audio
 from .config import EngineConfig
 from .device import memory_gb, slots_that_fit
-from .errors import InputError
+from .errors import InputError, VoiceNotFoundError
 from .loader import LoadedModels, load_models
 from .params import SamplingParams
 from .references import DecodedClips, ReferenceCodeCache, VoiceStore, default_cache_dir, default_voices_dir
 from .runtime.kv_cache import bytes_per_slot
 from .runtime.worker import GPUWorker
-from .synthesis import AudioChunk, PreparedRequest, ReferenceClip, Synthesizer
-from .text.prompt import text_part
+from .synthesis import MIN_GENERATION_ROOM, AudioChunk, PreparedRequest, ReferenceClip, Synthesizer
+from .text.prompt import text_part, voice_prefix
 from .text.splitter import split_text
 
 WARMUP_TEXT = "Hello world."
@@ -98,7 +98,8 @@ class TTSEngine:
                                        admit_min_lead_s=config.admit_min_lead_s)
         if config.switch_interval_ms:
             sys.setswitchinterval(config.switch_interval_ms / 1000)
-        self.voices = VoiceStore(default_voices_dir(config.voices_dir), max_seconds=config.max_reference_seconds)
+        self.voices = VoiceStore(default_voices_dir(config.voices_dir), max_seconds=config.max_reference_seconds,
+                                 check_voice=self._check_voice_fits)
         self._worker = GPUWorker(self.slots + config.max_queue, iterate=self._synthesizer.iterate,
                                  on_start=self._synthesizer.claim_thread)
         self._stats_lock = threading.Lock()
@@ -284,8 +285,7 @@ class TTSEngine:
                              "split it into several requests")
         refs = [self._load_reference(r.audio, r.text, f"reference {i + 1}") for i, r in enumerate(references)]
         if voice:
-            audio_path, transcript = self.voices.get(voice)
-            refs.append(self._load_reference(audio_path, transcript, f"voice {voice!r}"))
+            refs.append(self._saved_voice(voice))
         seed = params.seed if params.seed is not None else (
             self.config.seed if self.config.seed is not None else secrets.randbits(31))
         chunks = split_text(text, params.chunk_length)
@@ -293,6 +293,29 @@ class TTSEngine:
         model = self.models
         parts = [text_part(model.tokenizer, chunk, model.model.config.num_codebooks) for chunk in chunks]
         return PreparedRequest(chunks, parts, refs, params, seed)
+
+    def _saved_voice(self, voice: str) -> ReferenceClip:
+        audio_path, transcript = self.voices.get(voice)
+        try:
+            return self._load_reference(audio_path, transcript, f"voice {voice!r}")
+        except InputError:
+            if not audio_path.is_file():  # deleted or renamed since it was looked up
+                raise VoiceNotFoundError(self.voices.not_found_message(voice)) from None
+            raise
+
+    def _check_voice_fits(self, samples: np.ndarray, transcript: str) -> None:
+        """InputError for a voice whose prompt (its transcript and clip, plus one word of text)
+        leaves the model no room to speak: every request with it would fail."""
+        model = self.models
+        n = model.model.config.num_codebooks
+        frames = math.ceil(len(samples) / self.sample_rate * model.codec.config.frame_rate)
+        codes = torch.zeros(n, max(frames, 1), dtype=torch.long)
+        prefix = voice_prefix(model.tokenizer, [(transcript, codes)], n)
+        length = prefix.shape[1] + text_part(model.tokenizer, "a", n).shape[1]
+        limit = self._synthesizer.capacity - MIN_GENERATION_ROOM
+        if length > limit:
+            raise InputError(f"this voice's prompt (transcript and clip) is {length} positions long, over this "
+                             f"model's limit of {limit}; use a shorter transcript and clip")
 
     def _load_reference(self, audio, transcript: str, label: str) -> ReferenceClip:
         if not isinstance(transcript, str) or not transcript.strip():

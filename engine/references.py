@@ -16,6 +16,7 @@ import tempfile
 import threading
 import uuid
 from collections import OrderedDict
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -321,6 +322,9 @@ MAX_VOICE_ID_LENGTH = 255
 TRANSCRIPT_FILE = "transcript.txt"
 AUDIO_STEM = "sample"
 AUDIO_EXTENSIONS = frozenset({".wav", ".flac", ".ogg", ".oga", ".opus", ".mp3", ".m4a", ".aac", ".webm", ".aiff", ".aif"})
+# Folders a store works in beside the voices: `<prefix><pid>-<uuid>`. Names starting with "." are
+# never voice ids, so they are never listed.
+ADDING_PREFIX, DELETED_PREFIX = ".adding-", ".deleted-"
 
 
 def check_voice_id(voice_id: str) -> str:
@@ -346,11 +350,29 @@ class VoiceStore:
     folders appear and disappear by rename, so other processes never see half a voice.
     """
 
-    def __init__(self, root: str | os.PathLike, *, max_seconds: float | None = None):
+    def __init__(self, root: str | os.PathLike, *, max_seconds: float | None = None,
+                 check_voice: Callable[[np.ndarray, str], None] | None = None):
+        """check_voice(samples, transcript): raises InputError for a voice that could never be used
+        (the engine: its prompt would not fit the model's context)."""
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
         self._max_seconds = max_seconds
+        self._check_voice = check_voice
         self._lock = threading.RLock()
+        self.remove_leftovers()
+
+    def remove_leftovers(self) -> list[str]:
+        """Remove the half-added and half-deleted folders of store processes that died mid-way (a
+        crash, kill -9); those of running ones stay. Returns the names removed (and logs them)."""
+        removed = []
+        for child in self.root.iterdir():
+            if child.name.startswith((ADDING_PREFIX, DELETED_PREFIX)) and not _owner_alive(child.name):
+                shutil.rmtree(child, ignore_errors=True)
+                removed.append(child.name)
+        if removed:
+            logger.warning("voices: removed {} folder(s) left by an interrupted add or delete: {}", len(removed),
+                           ", ".join(sorted(removed)))
+        return removed
 
     def exists(self, voice_id: str) -> bool:
         """Whether a folder named `voice_id` exists (False for an invalid id)."""
@@ -375,11 +397,11 @@ class VoiceStore:
         with self._lock:
             folder = self.root / voice_id
             if not folder.is_dir():
-                raise VoiceNotFoundError(self._not_found_message(voice_id))
+                raise VoiceNotFoundError(self.not_found_message(voice_id))
             found = _find_voice(folder)
         if found is None:
             raise VoiceNotFoundError(
-                f"saved voice {voice_id!r} at {folder} is incomplete: it needs an audio file and its "
+                f"saved voice {voice_id!r} is incomplete: its folder needs an audio file and its "
                 f"transcript ({TRANSCRIPT_FILE}, or a .lab file with the audio file's name)"
             )
         return found
@@ -390,6 +412,8 @@ class VoiceStore:
         if not isinstance(transcript, str) or not transcript.strip():
             raise InputError("the transcript is empty; type exactly what is said in the reference clip")
         samples = load_audio(audio_source, max_seconds=self._max_seconds)
+        if self._check_voice is not None:
+            self._check_voice(samples, transcript.strip())
         data, extension = _audio_file_content(audio_source, samples)
         with self._lock:
             target = self.root / voice_id
@@ -397,7 +421,8 @@ class VoiceStore:
                 raise VoiceExistsError(
                     f"a voice named {voice_id!r} already exists; choose another id, or delete or rename the old one"
                 )
-            staging = self._staging_dir()
+            staging = self._work_dir(ADDING_PREFIX)
+            staging.mkdir()
             try:
                 (staging / f"{AUDIO_STEM}.{extension}").write_bytes(data)
                 (staging / TRANSCRIPT_FILE).write_text(transcript.strip() + "\n", encoding="utf-8")
@@ -412,8 +437,8 @@ class VoiceStore:
         with self._lock:
             folder = self.root / voice_id
             if not folder.is_dir():
-                raise VoiceNotFoundError(self._not_found_message(voice_id))
-            trash = self.root / f".deleted-{uuid.uuid4().hex}"
+                raise VoiceNotFoundError(self.not_found_message(voice_id))
+            trash = self._work_dir(DELETED_PREFIX)
             os.rename(folder, trash)  # the voice disappears at once; removing the files can take a while
         shutil.rmtree(trash, ignore_errors=True)
 
@@ -423,27 +448,38 @@ class VoiceStore:
         with self._lock:
             source, target = self.root / old_id, self.root / new_id
             if not source.is_dir():
-                raise VoiceNotFoundError(self._not_found_message(old_id))
+                raise VoiceNotFoundError(self.not_found_message(old_id))
             # On case-insensitive file systems "alice" -> "Alice" finds the target already "there".
             if target.exists() and not os.path.samefile(source, target):
                 raise VoiceExistsError(f"a voice named {new_id!r} already exists; choose another name")
-            staging = self.root / f".renaming-{uuid.uuid4().hex}"
-            os.rename(source, staging)
-            os.rename(staging, target)
+            os.rename(source, target)  # one step: a crash leaves the voice under one of its names
 
-    def _staging_dir(self) -> Path:
-        # Names starting with "." can never be voice ids, so staging folders are never listed.
-        staging = self.root / f".adding-{uuid.uuid4().hex}"
-        staging.mkdir()
-        return staging
+    def _work_dir(self, prefix: str) -> Path:
+        return self.root / f"{prefix}{os.getpid()}-{uuid.uuid4().hex}"
 
-    def _not_found_message(self, voice_id: str) -> str:
-        saved = self.list()
+    @staticmethod
+    def not_found_message(voice_id: str) -> str:
+        """Names the id and how to see the saved ones; lists neither them nor where they are kept."""
         return (
-            f"no saved voice named {voice_id!r}. Saved voices: {', '.join(saved) if saved else 'none yet'}. "
-            "Save one from a reference clip and its transcript, or put a folder with that name holding an "
-            f"audio file and a .lab transcript of the same name into {self.root}."
+            f"voice not found: no saved voice named {voice_id!r}. GET /v1/references/list (or the UI's "
+            "Voices tab) lists the saved voices; POST /v1/references/add saves a new one."
         )
+
+
+def _owner_alive(work_dir_name: str) -> bool:
+    """Whether the process that made a `<prefix><pid>-<uuid>` folder still runs (not this one: it
+    has made none yet when it looks). Unknown names, and Windows, where no probe is safe, count as
+    dead."""
+    pid_text = work_dir_name.split("-", 2)[1] if work_dir_name.count("-") >= 2 else ""
+    if not pid_text.isdigit() or int(pid_text) == os.getpid() or os.name == "nt":
+        return False
+    try:
+        os.kill(int(pid_text), 0)  # signal 0: only asks whether the process exists
+    except ProcessLookupError:
+        return False
+    except OSError:  # exists, owned by another user
+        return True
+    return True
 
 
 def _find_voice(folder: Path) -> tuple[Path, str] | None:

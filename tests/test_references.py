@@ -301,19 +301,43 @@ def test_max_seconds_applies_to_added_voices(tmp_path, clips):
         store.add("long", clips.wav(), "text")
 
 
-def test_unknown_voice(store, clips):
+def test_unknown_voice_names_the_id_and_how_to_list_voices_but_neither_voices_nor_paths(store, clips):
     store.add("Alice", clips.wav(), "text")
-    with pytest.raises(VoiceNotFoundError) as caught:
-        store.get("Bob")
-    message = str(caught.value)
-    assert "no saved voice named 'Bob'" in message and "Saved voices: Alice" in message
-    assert ".lab" in message and str(store.root) in message
-    assert isinstance(caught.value, KeyError) and isinstance(caught.value, InputError)
+    for call in (lambda: store.get("Bob"), lambda: store.delete("Bob"), lambda: store.rename("Bob", "Carol")):
+        with pytest.raises(VoiceNotFoundError) as caught:
+            call()
+        message = str(caught.value)
+        assert message.startswith("voice not found") and "'Bob'" in message and "/v1/references/list" in message
+        assert "Alice" not in message and str(store.root) not in message
+        assert isinstance(caught.value, KeyError) and isinstance(caught.value, InputError)
 
 
-def test_unknown_voice_with_no_voices_saved(store):
-    with pytest.raises(VoiceNotFoundError, match="none yet"):
-        store.get("Bob")
+def test_start_up_removes_what_interrupted_adds_and_deletes_left_and_keeps_live_ones(tmp_path, clips):
+    store = VoiceStore(tmp_path / "voices")
+    store.add("Alice", clips.wav(), "text")
+    dead = [tmp_path / "voices" / name for name in (".adding-4194305-ab12", ".deleted-4194305-cd34", ".adding-ef56")]
+    live = tmp_path / "voices" / f".adding-{os.getppid()}-0a0b"  # a process that runs: its add goes on
+    for folder in (*dead, live):
+        folder.mkdir()
+        (folder / "sample.wav").write_bytes(b"half a file")
+    (tmp_path / "voices" / f".adding-{os.getpid()}-77").mkdir()  # this process has made none yet: a dead one's pid
+    restarted = VoiceStore(tmp_path / "voices")
+    assert not any(folder.exists() for folder in dead) and not (tmp_path / "voices" / f".adding-{os.getpid()}-77").exists()
+    assert live.exists() and restarted.list() == ["Alice"]
+    assert restarted.get("Alice")[1] == "text"
+
+
+def test_a_voice_that_cannot_be_used_is_refused_when_added(tmp_path, clips):
+    def check(samples, transcript):
+        if len(transcript) > 10:
+            raise InputError("prompt too long")
+
+    store = VoiceStore(tmp_path / "voices", check_voice=check)
+    with pytest.raises(InputError, match="prompt too long"):
+        store.add("long", clips.wav(), "a transcript far over ten characters")
+    assert store.list() == [] and os.listdir(store.root) == []
+    store.add("short", clips.wav(), "fine")
+    assert store.list() == ["short"]
 
 
 def test_delete(store, clips):
