@@ -16,11 +16,13 @@ import tempfile
 import threading
 import uuid
 from collections import OrderedDict
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
 import platformdirs
 import torch
+from filelock import FileLock
 from loguru import logger
 
 from .audio import SAMPLE_RATE, AudioSource, encode_audio, guess_audio_extension, load_audio
@@ -342,15 +344,21 @@ class VoiceStore:
     """Named voices under `root`, one folder per voice id: an audio file plus its transcript.
 
     Our own layout is `<id>/sample.<ext>` + `<id>/transcript.txt`; the reference server's
-    `<id>/<name>.<ext>` + `<id>/<name>.lab` is read as well. Safe for concurrent use by threads;
-    folders appear and disappear by rename, so other processes never see half a voice.
+    `<id>/<name>.<ext>` + `<id>/<name>.lab` is read as well. Folders appear and disappear by
+    rename, so readers never see half a voice, and nothing is cached: every process sharing the
+    folder (the replicas of a cluster) sees an add, rename or delete at once. Writers, threads or
+    processes, take turns through a lock file in the folder (`.lock`; on a shared volume across
+    machines the file system must honour flock, as NFSv4 and CephFS do).
     """
+
+    LOCK_FILE = ".lock"  # a dot name can never be a voice id
 
     def __init__(self, root: str | os.PathLike, *, max_seconds: float | None = None):
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
         self._max_seconds = max_seconds
         self._lock = threading.RLock()
+        self._writers = FileLock(self.root / self.LOCK_FILE)
 
     def exists(self, voice_id: str) -> bool:
         """Whether a folder named `voice_id` exists (False for an invalid id)."""
@@ -391,7 +399,7 @@ class VoiceStore:
             raise InputError("the transcript is empty; type exactly what is said in the reference clip")
         samples = load_audio(audio_source, max_seconds=self._max_seconds)
         data, extension = _audio_file_content(audio_source, samples)
-        with self._lock:
+        with self._writing():
             target = self.root / voice_id
             if target.exists():
                 raise VoiceExistsError(
@@ -409,7 +417,7 @@ class VoiceStore:
 
     def delete(self, voice_id: str):
         check_voice_id(voice_id)
-        with self._lock:
+        with self._writing():
             folder = self.root / voice_id
             if not folder.is_dir():
                 raise VoiceNotFoundError(self._not_found_message(voice_id))
@@ -420,7 +428,7 @@ class VoiceStore:
     def rename(self, old_id: str, new_id: str):
         check_voice_id(old_id)
         check_voice_id(new_id)
-        with self._lock:
+        with self._writing():
             source, target = self.root / old_id, self.root / new_id
             if not source.is_dir():
                 raise VoiceNotFoundError(self._not_found_message(old_id))
@@ -430,6 +438,12 @@ class VoiceStore:
             staging = self.root / f".renaming-{uuid.uuid4().hex}"
             os.rename(source, staging)
             os.rename(staging, target)
+
+    @contextmanager
+    def _writing(self):
+        """One writer at a time: this process's threads, then every process sharing the folder."""
+        with self._lock, self._writers:
+            yield
 
     def _staging_dir(self) -> Path:
         # Names starting with "." can never be voice ids, so staging folders are never listed.
