@@ -47,8 +47,11 @@ async def _first_then_rest(chunks: AsyncIterator) -> AsyncIterator:
                 yield first
             async for chunk in chunks:
                 yield chunk
-        except Exception as e:  # headers are gone: all we can do is end the stream and log
+        except Exception as e:
+            # The status is sent: abort the response (no final chunk), so that the client sees an error
+            # instead of a short file that looks complete.
             log.error("stream ended early: %s", problem_for(e).message)
+            raise
         finally:
             await chunks.aclose()
 

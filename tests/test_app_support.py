@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -35,6 +36,8 @@ def free_port() -> int:
 class DemoServer:
     """`python launch.py --demo` on a free loopback port, with its own voices and cache dirs."""
 
+    stop_timeout_s = 15
+
     def __init__(self, tmp_dir: Path, *extra_args: str, env: dict[str, str] | None = None):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -52,7 +55,9 @@ class DemoServer:
 
     def __enter__(self) -> "DemoServer":
         self._log = open(self.log_path, "wb")
-        self.process = subprocess.Popen(self.args, cwd=ROOT, env=self.env, stdout=self._log, stderr=subprocess.STDOUT)
+        # A session of its own: whatever the server starts (a Ray cluster's processes) goes with it.
+        self.process = subprocess.Popen(self.args, cwd=ROOT, env=self.env, stdout=self._log, stderr=subprocess.STDOUT,
+                                        start_new_session=True)
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
@@ -70,9 +75,15 @@ class DemoServer:
         if self.process and self.process.poll() is None:
             self.process.terminate()
             try:
-                self.process.wait(timeout=15)
+                self.process.wait(timeout=self.stop_timeout_s)
             except subprocess.TimeoutExpired:
                 self.process.kill()
+                self.process.wait()
+        if self.process:
+            try:
+                os.killpg(self.process.pid, signal.SIGKILL)  # anything of its session still running
+            except (ProcessLookupError, PermissionError):
+                pass
         self._log.close()
 
     def log_tail(self, chars: int = 4000) -> str:

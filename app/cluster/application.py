@@ -42,7 +42,7 @@ class ClusterSettings:
     max_ongoing_requests: int = 128
     max_queued_requests: int = 64
     ingress_replicas: int = 1
-    ingress_cpus: float = 1
+    ingress_cpus: float = 0  # it relays bytes: no CPU of its own is reserved for it
     health_check_period_s: float = 5
     routing_stats_period_s: float = 1
 

@@ -41,7 +41,7 @@ class EngineReplica:
         # Whole (non-streamed) requests wait on these threads: as many as the engine takes at once.
         self._calls = ThreadPoolExecutor(max_workers=self.engine.capacity, thread_name_prefix="s1-replica-call")
         stats = self.engine.stats()
-        self.info_ = {"replica": replica, "host": socket.gethostname(), "device": stats["device"],
+        self.info_ = {"replica": replica, "host": socket.gethostname(), "pid": os.getpid(), "device": stats["device"],
                       "slots": self.engine.slots, "capacity": self.engine.capacity,
                       "sample_rate": self.engine.sample_rate}
         logger.info("engine replica {} ready: {} on {} with {} sequence slots", replica, stats["model"],

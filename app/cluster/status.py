@@ -59,7 +59,7 @@ class ClusterView:
         replicas = self.replicas()
         return {
             "replicas_ready": len(replicas),
-            "replicas": [{"replica": s["replica"], "host": s.get("host"), "device": s.get("device"),
+            "replicas": [{"replica": s["replica"], "host": s.get("host"), "pid": s.get("pid"), "device": s.get("device"),
                           "slots": s.get("slots"), "running": s.get("running"), "waiting": s.get("queue_depth")}
                          for s in replicas],
         }
