@@ -36,6 +36,7 @@ def free_port() -> int:
 class DemoServer:
     """`python launch.py --demo` on a free loopback port, with its own voices and cache dirs."""
 
+    start_timeout_s = START_TIMEOUT_S
     stop_timeout_s = 15
 
     def __init__(self, tmp_dir: Path, *extra_args: str, env: dict[str, str] | None = None):
@@ -58,7 +59,7 @@ class DemoServer:
         # A session of its own: whatever the server starts (a Ray cluster's processes) goes with it.
         self.process = subprocess.Popen(self.args, cwd=ROOT, env=self.env, stdout=self._log, stderr=subprocess.STDOUT,
                                         start_new_session=True)
-        deadline = time.monotonic() + START_TIMEOUT_S
+        deadline = time.monotonic() + self.start_timeout_s
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 raise RuntimeError(f"launch.py exited with {self.process.returncode}:\n{self.log_tail()}")
@@ -69,7 +70,7 @@ class DemoServer:
                 pass
             time.sleep(0.5)
         self.__exit__()
-        raise RuntimeError(f"launch.py did not answer within {START_TIMEOUT_S} s:\n{self.log_tail()}")
+        raise RuntimeError(f"launch.py did not answer within {self.start_timeout_s} s:\n{self.log_tail()}")
 
     def __exit__(self, *exc):
         if self.process and self.process.poll() is None:
