@@ -100,11 +100,12 @@ class ClusterSettings:
         return cls(**values)
 
 
-def application(config: EngineConfig, settings: ClusterSettings, root_path: str = ""):
+def application(config: EngineConfig, settings: ClusterSettings, root_path: str = "", **web):
+    """`web`: the ingress's other AppSettings (cors_origins, openai_voices), as launch.py plans them."""
     engine = serve.deployment(EngineReplica).options(**settings.engine_options()).bind(config)
     ingress = serve.deployment(Ingress).options(**settings.ingress_options())
     return ingress.bind(engine, root_path=root_path, voices_dir=config.voices_dir,
-                        max_reference_seconds=config.max_reference_seconds)
+                        max_reference_seconds=config.max_reference_seconds, **web)
 
 
 def build(args: dict):

@@ -21,9 +21,11 @@ ENGINE_DEPLOYMENT = "EngineReplica"
 @serve.ingress()
 class Ingress:
     def __init__(self, engine, root_path: str = "", voices_dir: str | None = None,
-                 max_reference_seconds: float | None = None):
+                 max_reference_seconds: float | None = None, cors_origins: tuple[str, ...] = (),
+                 openai_voices: dict[str, str] | None = None):
         self._engine = engine
         self._root_path = root_path
+        self._web = {"cors_origins": tuple(cors_origins), "openai_voices": dict(openai_voices or {})}
         self._voices = VoiceStore(default_voices_dir(voices_dir), max_seconds=max_reference_seconds)
 
     async def __serve_build_asgi_app__(self):
@@ -33,5 +35,5 @@ class Ingress:
         # The key comes from this process's environment, never from deployment arguments, which
         # Ray keeps and shows in its state API and dashboard.
         settings = AppSettings(api_key=os.environ.get("S1_MINI_API_KEY") or None, root_path=self._root_path,
-                               ui=False, stream_threads=info["capacity"])
+                               ui=False, stream_threads=info["capacity"], **self._web)
         return create_app(engine, settings, replicas=view)

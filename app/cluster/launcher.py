@@ -77,7 +77,9 @@ def serve_cluster(config, plan, replicas: str, address: str | None) -> int:
                     f"{settings.min_replicas}-{settings.max_replicas} (autoscaling)" if settings.autoscaling
                     else settings.replicas)
         serve.start(http_options={"host": plan.host, "port": plan.port})
-        serve.run(application(config, settings, root_path=plan.root_path), name=APP_NAME, route_prefix="/")
+        app = application(config, settings, root_path=plan.root_path, cors_origins=plan.cors_origins,
+                          openai_voices=dict(plan.openai_voices))
+        serve.run(app, name=APP_NAME, route_prefix="/")
         log_replicas(plan)
         wait_for_stop()
     finally:
