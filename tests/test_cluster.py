@@ -26,6 +26,8 @@ pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 SLOTS = 2  # per replica (--max-batch-size), so that a few requests saturate one
 QUEUE = 2  # per replica (S1_MINI_MAX_QUEUE): capacity 4 a replica, 8 the cluster
 WAIT_S = 120  # bound on every wait below: nothing may hang
+# Many sentences, so that a stream runs for many seconds (the demo model may end each text chunk early).
+LONG_TEXT = "A long stream of words keeps the replica busy for a while. " * 30
 
 
 class ClusterServer(DemoServer):
@@ -78,6 +80,19 @@ def metric(client, name: str) -> dict[str, float]:
 def replica_requests(client) -> dict[str, float]:
     return {labels.split('replica="')[1].split('"')[0]: value
             for labels, value in metric(client, "s1mini_replica_engine_requests").items()}
+
+
+def settled_replica_requests(client) -> dict[str, float]:
+    """replica_requests once the replicas' reports (every second) have caught up with earlier requests."""
+    previous = replica_requests(client)
+    deadline = time.monotonic() + WAIT_S
+    while time.monotonic() < deadline:
+        time.sleep(2.5)  # past two report periods
+        current = replica_requests(client)
+        if current == previous:
+            return current
+        previous = current
+    raise AssertionError("the replicas' request counts kept changing")
 
 
 def speak(client, **fields) -> httpx.Response:
@@ -134,7 +149,7 @@ def test_one_voice_stays_on_one_replica_until_it_is_saturated(cluster):
     server, client = cluster
     add_voice(client, "steady")
     counts = metric(client, "s1mini_voice_routing_total")
-    before = replica_requests(client)
+    before = settled_replica_requests(client)
     for i in range(4):  # one after another: the preferred replica always has free slots
         answer = speak(client, reference_id="steady", seed=i)
         assert answer.status_code == 200, answer.text
@@ -152,25 +167,30 @@ def test_one_voice_stays_on_one_replica_until_it_is_saturated(cluster):
 
 
 def test_a_saved_voice_is_usable_from_every_replica_and_renames_reach_them(cluster):
-    """More requests for one voice than its replica has slots spill to the other replica, which
-    reads the same voice from the shared folder; a rename is seen by both at once."""
+    """More requests for one voice at once than its replica has slots: those past its slots go to
+    the other replica, which reads the voice from the shared folder; a rename and a delete are seen
+    by both at once."""
     _, client = cluster
     add_voice(client, "shared voice")
     counts = metric(client, "s1mini_voice_routing_total")
-    with ThreadPoolExecutor(6) as pool:
+    burst = 4 * SLOTS
+    with ThreadPoolExecutor(burst) as pool:
         answers = list(pool.map(lambda i: speak(client, reference_id="shared voice", seed=i, max_new_tokens=64),
-                                range(6)))
-    assert [a.status_code for a in answers] == [200] * 6, [a.text for a in answers if a.status_code != 200]
+                                range(burst)))
+    assert [a.status_code for a in answers] == [200] * burst, [a.text for a in answers if a.status_code != 200]
+    for answer in answers:
+        samples, rate = decode(answer.content)
+        assert_audible(samples, ONE_FRAME_S, rate)
     after = metric(client, "s1mini_voice_routing_total")
     assert after['{outcome="spill"}'] > counts['{outcome="spill"}'], "no request went past the busy replica"
+    assert after['{outcome="hit"}'] > counts['{outcome="hit"}']
 
     renamed = client.post("/v1/references/update",
                           json={"old_reference_id": "shared voice", "new_reference_id": "renamed voice"})
     assert renamed.status_code == 200, renamed.text
-    with ThreadPoolExecutor(6) as pool:
-        answers = list(pool.map(lambda i: speak(client, reference_id="renamed voice", seed=i, max_new_tokens=64),
-                                range(6)))
-    assert [a.status_code for a in answers] == [200] * 6
+    with ThreadPoolExecutor(burst) as pool:
+        answers = list(pool.map(lambda i: speak(client, reference_id="renamed voice", seed=i), range(burst)))
+    assert [a.status_code for a in answers] == [200] * burst
     assert speak(client, reference_id="shared voice").status_code == 404
     deleted = client.request("DELETE", "/v1/references/delete", json={"reference_id": "renamed voice"})
     assert deleted.status_code == 200
@@ -190,24 +210,22 @@ def test_a_full_cluster_answers_429_with_retry_after(cluster):
 
 
 def test_streams_through_serve_and_a_killed_replica_is_replaced(cluster):
-    """A long stream's first audio arrives while its replica still generates; killing that replica
-    ends the stream with an error (not a clean end), the other replica keeps answering, Serve starts
-    a new replica and /ready shows it."""
+    """A stream's first audio arrives while its replica still generates; killing that replica ends
+    the stream with an error (not a clean end), the other replica keeps answering, Serve starts a
+    new replica and /ready shows it."""
     server, client = cluster
-    body = {"text": "A long stream. " * 20, "format": "wav", "streaming": True, "max_new_tokens": 4000, "seed": 5}
+    add_voice(client, "doomed")
+    before = settled_replica_requests(client)
+    assert speak(client, reference_id="doomed").status_code == 200
+    after = settled_replica_requests(client)
+    (victim_id,) = [r for r in after if after[r] > before.get(r, 0)]  # the voice's replica
+    (victim,) = [r for r in ready(client)["replicas"] if r["replica"] == victim_id]
+
+    body = {"text": LONG_TEXT, "format": "wav", "streaming": True, "max_new_tokens": 4000, "reference_id": "doomed"}
     with client.stream("POST", "/v1/tts", json=body) as stream:
         assert stream.status_code == 200
         chunks = stream.iter_bytes()
-        first = next(chunks)
-        assert first[:4] == b"RIFF"
-        busy = {}
-
-        def generating():
-            busy.update({r["replica"]: r for r in ready(client)["replicas"] if r["running"]})
-            return bool(busy)
-
-        wait_until(generating, "a replica generating the stream after its first bytes", server)
-        (victim,) = busy.values()
+        assert next(chunks)[:4] == b"RIFF"  # audio is flowing: the replica is generating the rest
         os.kill(victim["pid"], signal.SIGKILL)
         with pytest.raises(httpx.HTTPError):
             for _ in chunks:
@@ -218,7 +236,7 @@ def test_streams_through_serve_and_a_killed_replica_is_replaced(cluster):
 
     def replaced():
         replicas = {r["replica"] for r in ready(client)["replicas"]}
-        return len(replicas) == 2 and victim["replica"] not in replicas
+        return len(replicas) == 2 and victim_id not in replicas
 
     wait_until(replaced, "Serve replacing the killed replica", server, timeout=240)
     assert speak(client).status_code == 200

@@ -70,14 +70,15 @@ class VoiceAffinityRouter(RequestRouter):
         return [[preferred], candidate_replicas]
 
     async def _saturated(self, replica: RunningReplica) -> bool:
-        """Its ongoing requests fill the sequence slots it reported (or its max_ongoing_requests)."""
-        ongoing = self.replica_queue_len_cache.get(replica.replica_id)
-        if ongoing is None:
-            try:
-                ongoing = await replica.get_queue_len(deadline_s=QUEUE_PROBE_DEADLINE_S)
-            except Exception:  # unreachable now: let Serve's own probing and retries decide
-                return False
-            self.replica_queue_len_cache.update(replica.replica_id, ongoing)
+        """Its ongoing requests fill the sequence slots it reported (or its max_ongoing_requests).
+
+        Asked of the replica each time: Serve keeps the router's queue-length cache current only
+        under strict max_ongoing_requests, and a stale count would keep sending a hot voice to a
+        full replica."""
+        try:
+            ongoing = await replica.get_queue_len(deadline_s=QUEUE_PROBE_DEADLINE_S)
+        except Exception:  # unreachable now: let Serve's own probing and retries decide
+            return False
         return ongoing >= replica_slots(replica)
 
     def on_request_routed(self, pending_request: PendingRequest, replica_id, result) -> None:
