@@ -92,7 +92,8 @@ STREAM_THREADS = StreamThreads()
 
 async def first_then_rest(chunks: AsyncIterator[T]) -> AsyncIterator[T]:
     """Waits for the first item so that input errors still become a 4xx before any byte is sent;
-    an error after that ends the stream and is logged (the headers are gone)."""
+    an error after that is logged and aborts the response (no final chunk: the headers are gone),
+    so that the client sees an error instead of a short file that looks complete."""
     try:
         first = await chunks.__anext__()
     except StopAsyncIteration:
@@ -106,6 +107,7 @@ async def first_then_rest(chunks: AsyncIterator[T]) -> AsyncIterator[T]:
                 yield chunk
         except Exception as e:
             log.error("stream ended early: %s", problem_for(e).message)
+            raise
         finally:
             await chunks.aclose()
 

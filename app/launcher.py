@@ -138,6 +138,17 @@ def build_parser() -> argparse.ArgumentParser:
         "--no-ui", action="store_true", default=None,
         help="serve the REST API alone, without the Gradio UI (Gradio need not be installed) [S1_MINI_NO_UI]",
     )
+    cluster = p.add_argument_group("several GPUs and machines (Ray Serve: pip install -r requirements-ray.txt)")
+    cluster.add_argument(
+        "--replicas", metavar="N|auto|MIN-MAX",
+        help="serve the REST API from N engine replicas (one per GPU; auto: every GPU of the cluster; "
+        "MIN-MAX: autoscale) through Ray Serve, routed by voice [S1_MINI_REPLICAS; default: one process, no Ray]",
+    )
+    cluster.add_argument(
+        "--ray-address", metavar="ADDR",
+        help="join this Ray cluster (ray start --head prints it, e.g. 10.0.0.1:6379) instead of starting one "
+        "on this machine; needs --replicas [S1_MINI_RAY_ADDRESS]",
+    )
     return p
 
 
@@ -315,6 +326,18 @@ def main(argv=None) -> int:
     for reason in plan.reasons:
         logger.info(reason)
     check_port_free(plan.host, plan.port)
+    replicas, _ = _flag_or_env(args.replicas, environ, "S1_MINI_REPLICAS")
+    address, _ = _flag_or_env(args.ray_address, environ, "S1_MINI_RAY_ADDRESS")
+    if address and not replicas:
+        logger.error("bad setting: --ray-address serves through Ray Serve: give --replicas too (e.g. auto)")
+        return 2
+    if replicas:
+        try:
+            from app.cluster.launcher import serve_cluster
+        except ImportError as e:
+            logger.error("--replicas needs Ray Serve ({}): pip install -r requirements-ray.txt", e)
+            return 2
+        return serve_cluster(config, plan, replicas, address)
     return serve(config, plan)
 
 

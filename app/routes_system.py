@@ -12,7 +12,8 @@ from .errors import HTTPProblem, error_responses, retry_after
 from .metrics import Metrics
 
 
-def build_router(engine, metrics: Metrics, guard) -> APIRouter:
+def build_router(engine, metrics: Metrics, guard, replicas=None) -> APIRouter:
+    """`replicas` (a cluster's ClusterView, else None) adds the engine replicas to /ready."""
     router = APIRouter(tags=["system"])
 
     # Open to everyone, as load balancers and RunPod's proxy probe it without a key;
@@ -27,8 +28,12 @@ def build_router(engine, metrics: Metrics, guard) -> APIRouter:
     async def ready():
         if engine.is_ready:
             # Sequences that can run at once now, and once the larger batches' graphs are captured.
-            return {"status": "ready", "slots_ready": engine.slots_ready, "slots": engine.slots,
-                    "capturing": engine.capturing}
+            answer = {"status": "ready", "slots_ready": engine.slots_ready, "slots": engine.slots,
+                      "capturing": engine.capturing}
+            return answer if replicas is None else {**answer, **await run_in_threadpool(replicas.ready_report)}
+        if replicas is not None:
+            raise HTTPProblem(503, "no engine replica is running yet: they are starting or being replaced",
+                              retry_after(5))
         raise HTTPProblem(503, "the model is still loading or warming up", retry_after(5))
 
     @router.get("/metrics", summary="Prometheus metrics", dependencies=[Depends(guard)],

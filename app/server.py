@@ -36,10 +36,14 @@ from .service import SpeechService
 from .settings import AppSettings
 
 
-def create_app(engine, settings: AppSettings | None = None) -> FastAPI:
+def create_app(engine, settings: AppSettings | None = None, replicas=None) -> FastAPI:
+    """`replicas`: in a Ray Serve cluster, the view of the engine replicas (app.cluster.status.ClusterView),
+    which adds them to /ready and their per-replica metrics to /metrics; None for one server."""
     settings = settings or AppSettings()
     STREAM_THREADS.keep(settings.stream_threads)  # before requests come: starting threads then held them up
     metrics = Metrics()
+    if replicas is not None:
+        metrics.registry.register(replicas)
     synth = SpeechService(engine, metrics)
     guard = ApiKeyGuard(settings.api_key)
     api_root = settings.root_path if settings.root_path.startswith("/") else ""
@@ -69,7 +73,7 @@ def create_app(engine, settings: AppSettings | None = None) -> FastAPI:
     _add_docs(app, guard)
 
     protected = [Depends(guard)]
-    app.include_router(routes_system.build_router(engine, metrics, guard))
+    app.include_router(routes_system.build_router(engine, metrics, guard, replicas))
     app.include_router(routes_tts.build_router(synth, settings), dependencies=protected)
     app.include_router(routes_openai.build_router(synth, settings), dependencies=protected)
     app.include_router(routes_references.build_router(engine.voices), dependencies=protected)

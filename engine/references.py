@@ -17,11 +17,13 @@ import threading
 import uuid
 from collections import OrderedDict
 from collections.abc import Callable
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
 import platformdirs
 import torch
+from filelock import FileLock
 from loguru import logger
 
 from .audio import SAMPLE_RATE, AudioSource, encode_audio, guess_audio_extension, load_audio
@@ -346,9 +348,14 @@ class VoiceStore:
     """Named voices under `root`, one folder per voice id: an audio file plus its transcript.
 
     Our own layout is `<id>/sample.<ext>` + `<id>/transcript.txt`; the reference server's
-    `<id>/<name>.<ext>` + `<id>/<name>.lab` is read as well. Safe for concurrent use by threads;
-    folders appear and disappear by rename, so other processes never see half a voice.
+    `<id>/<name>.<ext>` + `<id>/<name>.lab` is read as well. Folders appear and disappear by
+    rename, so readers never see half a voice, and nothing is cached: every process sharing the
+    folder (the replicas of a cluster) sees an add, rename or delete at once. Writers, threads or
+    processes, take turns through a lock file in the folder (`.lock`; on a shared volume across
+    machines the file system must honour flock, as NFSv4 and CephFS do).
     """
+
+    LOCK_FILE = ".lock"  # a dot name can never be a voice id
 
     def __init__(self, root: str | os.PathLike, *, max_seconds: float | None = None,
                  check_voice: Callable[[np.ndarray, str], None] | None = None):
@@ -359,16 +366,18 @@ class VoiceStore:
         self._max_seconds = max_seconds
         self._check_voice = check_voice
         self._lock = threading.RLock()
+        self._writers = FileLock(self.root / self.LOCK_FILE)
         self.remove_leftovers()
 
     def remove_leftovers(self) -> list[str]:
         """Remove the half-added and half-deleted folders of store processes that died mid-way (a
         crash, kill -9); those of running ones stay. Returns the names removed (and logs them)."""
         removed = []
-        for child in self.root.iterdir():
-            if child.name.startswith((ADDING_PREFIX, DELETED_PREFIX)) and not _owner_alive(child.name):
-                shutil.rmtree(child, ignore_errors=True)
-                removed.append(child.name)
+        with self._writing():  # an add in progress anywhere holds the lock: its folder is never seen here
+            for child in self.root.iterdir():
+                if child.name.startswith((ADDING_PREFIX, DELETED_PREFIX)) and not _owner_alive(child.name):
+                    shutil.rmtree(child, ignore_errors=True)
+                    removed.append(child.name)
         if removed:
             logger.warning("voices: removed {} folder(s) left by an interrupted add or delete: {}", len(removed),
                            ", ".join(sorted(removed)))
@@ -415,7 +424,7 @@ class VoiceStore:
         if self._check_voice is not None:
             self._check_voice(samples, transcript.strip())
         data, extension = _audio_file_content(audio_source, samples)
-        with self._lock:
+        with self._writing():
             target = self.root / voice_id
             if target.exists():
                 raise VoiceExistsError(
@@ -434,7 +443,7 @@ class VoiceStore:
 
     def delete(self, voice_id: str):
         check_voice_id(voice_id)
-        with self._lock:
+        with self._writing():
             folder = self.root / voice_id
             if not folder.is_dir():
                 raise VoiceNotFoundError(self.not_found_message(voice_id))
@@ -445,7 +454,7 @@ class VoiceStore:
     def rename(self, old_id: str, new_id: str):
         check_voice_id(old_id)
         check_voice_id(new_id)
-        with self._lock:
+        with self._writing():
             source, target = self.root / old_id, self.root / new_id
             if not source.is_dir():
                 raise VoiceNotFoundError(self.not_found_message(old_id))
@@ -456,6 +465,12 @@ class VoiceStore:
 
     def _work_dir(self, prefix: str) -> Path:
         return self.root / f"{prefix}{os.getpid()}-{uuid.uuid4().hex}"
+
+    @contextmanager
+    def _writing(self):
+        """One writer at a time: this process's threads, then every process sharing the folder."""
+        with self._lock, self._writers:
+            yield
 
     @staticmethod
     def not_found_message(voice_id: str) -> str:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -35,6 +36,9 @@ def free_port() -> int:
 class DemoServer:
     """`python launch.py --demo` on a free loopback port, with its own voices and cache dirs."""
 
+    start_timeout_s = START_TIMEOUT_S
+    stop_timeout_s = 15
+
     def __init__(self, tmp_dir: Path, *extra_args: str, env: dict[str, str] | None = None):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -52,8 +56,10 @@ class DemoServer:
 
     def __enter__(self) -> "DemoServer":
         self._log = open(self.log_path, "wb")
-        self.process = subprocess.Popen(self.args, cwd=ROOT, env=self.env, stdout=self._log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + START_TIMEOUT_S
+        # A session of its own: whatever the server starts (a Ray cluster's processes) goes with it.
+        self.process = subprocess.Popen(self.args, cwd=ROOT, env=self.env, stdout=self._log, stderr=subprocess.STDOUT,
+                                        start_new_session=True)
+        deadline = time.monotonic() + self.start_timeout_s
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 raise RuntimeError(f"launch.py exited with {self.process.returncode}:\n{self.log_tail()}")
@@ -64,15 +70,21 @@ class DemoServer:
                 pass
             time.sleep(0.5)
         self.__exit__()
-        raise RuntimeError(f"launch.py did not answer within {START_TIMEOUT_S} s:\n{self.log_tail()}")
+        raise RuntimeError(f"launch.py did not answer within {self.start_timeout_s} s:\n{self.log_tail()}")
 
     def __exit__(self, *exc):
         if self.process and self.process.poll() is None:
             self.process.terminate()
             try:
-                self.process.wait(timeout=15)
+                self.process.wait(timeout=self.stop_timeout_s)
             except subprocess.TimeoutExpired:
                 self.process.kill()
+                self.process.wait()
+        if self.process:
+            try:
+                os.killpg(self.process.pid, signal.SIGKILL)  # anything of its session still running
+            except (ProcessLookupError, PermissionError):
+                pass
         self._log.close()
 
     def log_tail(self, chars: int = 4000) -> str:

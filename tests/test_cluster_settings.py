@@ -1,0 +1,90 @@
+"""The Ray Serve application's settings, without starting Ray: the checked-in Serve configs, the
+replica counts and autoscaling options launch.py and deploy/ give Serve, and the voice routing's keys."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+pytest.importorskip("ray.serve")
+yaml = pytest.importorskip("yaml")
+
+from ray.serve.schema import ServeDeploySchema  # noqa: E402
+
+from app.cluster.application import ClusterSettings, build  # noqa: E402
+from app.cluster.launcher import cluster_settings, parse_replicas  # noqa: E402
+from app.cluster.routing import preferred_replica, voice_key  # noqa: E402
+from engine.config import EngineConfig  # noqa: E402
+from engine.errors import InputError  # noqa: E402
+
+pytestmark = pytest.mark.cluster
+DEPLOY = Path(__file__).resolve().parents[1] / "deploy"
+
+
+def serve_configs():
+    yield "serve.yaml", yaml.safe_load((DEPLOY / "serve.yaml").read_text())
+    service = yaml.safe_load((DEPLOY / "kuberay-rayservice.yaml").read_text())
+    yield "kuberay-rayservice.yaml", yaml.safe_load(service["spec"]["serveConfigV2"])
+
+
+@pytest.mark.parametrize("name,config", list(serve_configs()), ids=lambda v: v if isinstance(v, str) else "")
+def test_checked_in_serve_configs_are_valid_and_build(name, config):
+    ServeDeploySchema.model_validate(config)
+    (app,) = config["applications"]
+    assert app["import_path"] == "app.cluster.application:build"
+    ingress = build(app["args"])._bound_deployment  # noqa: SLF001 (what Serve will deploy)
+    engine = ingress.init_args[0]._bound_deployment  # noqa: SLF001
+    assert engine.name == "EngineReplica" and ingress.name == "Ingress"
+    assert engine.max_ongoing_requests == app["args"].get("max_ongoing_requests", 128)
+    assert engine.ray_actor_options["num_gpus"] == app["args"]["gpus_per_replica"]
+
+
+def test_autoscaling_settings_reach_the_engine_deployment():
+    settings = ClusterSettings.from_args({"min_replicas": "1", "max_replicas": "4", "target_ongoing_requests": "16"})
+    options = settings.engine_options()
+    assert options["autoscaling_config"] == {"min_replicas": 1, "max_replicas": 4, "initial_replicas": 1,
+                                             "target_ongoing_requests": 16.0}
+    assert "num_replicas" not in options
+    fixed = ClusterSettings(replicas=3).engine_options()
+    assert fixed["num_replicas"] == 3 and "autoscaling_config" not in fixed
+    assert fixed["ray_actor_options"]["num_gpus"] == 1
+
+
+@pytest.mark.parametrize("bad", [{"min_replicas": 2}, {"min_replicas": 3, "max_replicas": 2}, {"replicas": 0},
+                                 {"max_ongoing_requests": 0}])
+def test_bad_cluster_settings_say_what_is_wrong(bad):
+    with pytest.raises(InputError):
+        ClusterSettings(**bad)
+
+
+def test_replicas_flag():
+    assert parse_replicas("2") == (2, 2)
+    assert parse_replicas("1-4") == (1, 4)
+    assert parse_replicas("auto") == (None, None)
+    for bad in ("0", "4-1", "two", "-3"):
+        with pytest.raises(ValueError, match="--replicas"):
+            parse_replicas(bad)
+    gpu = EngineConfig()
+    assert cluster_settings("auto", gpu, gpus_in_cluster=4).replicas == 4
+    with pytest.raises(ValueError, match="has none"):
+        cluster_settings("auto", gpu, gpus_in_cluster=0)
+    cpu = cluster_settings("2", EngineConfig(device="cpu"), gpus_in_cluster=0)
+    assert cpu.replicas == 2 and cpu.gpus_per_replica == 0
+    assert cluster_settings("1-3", gpu, gpus_in_cluster=1).autoscaling
+
+
+def test_voice_keys_and_preferred_replicas():
+    assert voice_key("alice", [b"ignored"]) == "voice:alice"
+    assert voice_key(None, []) is None
+    assert voice_key(None, [b"clip"]) == voice_key(None, [b"clip"]) != voice_key(None, [b"other clip"])
+    replicas = [SimpleNamespace(replica_id=SimpleNamespace(unique_id=f"r{i}")) for i in range(4)]
+    keys = [f"voice:{i}" for i in range(200)]
+    chosen = {key: preferred_replica(key, replicas).replica_id.unique_id for key in keys}
+    assert len(set(chosen.values())) == 4  # voices spread over every replica
+    # Removing a replica moves only the voices it preferred.
+    survivors = [r for r in replicas if r.replica_id.unique_id != "r0"]
+    for key in keys:
+        if chosen[key] != "r0":
+            assert preferred_replica(key, survivors).replica_id.unique_id == chosen[key]
