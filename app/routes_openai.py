@@ -71,11 +71,11 @@ def _saved_voice(store, mapping: dict[str, str], name: str) -> str | None:
     if name == "default" or name.lower() in OPENAI_VOICE_NAMES:
         mapped = mapping.get(name.lower())
         if mapped and not store.exists(mapped):
-            raise VoiceNotFoundError(f"voice {name!r} is mapped to the saved voice {mapped!r}, which does not exist; "
+            raise VoiceNotFoundError(f"voice not found: {name!r} is mapped to the saved voice {mapped!r}, which does not exist; "
                                      "save it under that id (POST /v1/references/add) or change --openai-voices")
         return mapped
-    raise VoiceNotFoundError(f"voice {name!r} is not a saved voice or an OpenAI voice name; "
-                             "GET /v1/audio/voices lists the voices")
+    raise VoiceNotFoundError(f"voice not found: {name!r} is not a saved voice or an OpenAI voice name; "
+                             "GET /v1/audio/voices (or /v1/references/list) lists the voices")
 
 
 def build_router(synth: SpeechService, settings: AppSettings) -> APIRouter:

@@ -18,6 +18,7 @@ import httpx
 import numpy as np
 import pytest
 
+from engine.references import VoiceStore
 from tests.test_app_support import FAST, ROOT, DemoServer, assert_audio, error_message, reference_clip_wav
 
 KEY = "hardening-key-8d1f0c"
@@ -144,7 +145,7 @@ def test_a_transcript_that_can_never_fit_is_refused_when_the_voice_is_added(http
     r = http.post("/v1/references/add", data={"id": "Huge", "text": "word " * 200_000},
                   files={"audio": ("a.wav", reference_clip_wav(), "audio/wav")})
     assert r.status_code == 400 and "over this model's limit" in error_message(r)
-    assert "Huge" not in http.get("/v1/references/list").json()["reference_ids"]
+    assert "Huge" not in http.get("/v1/references/list", params={"format": "json"}).json()["reference_ids"]
 
 
 # ---- load -----------------------------------------------------------------------------------------
@@ -273,7 +274,7 @@ def test_a_logged_traceback_shows_no_secret(tmp_path):
 import logging
 from app.logs import route_std_logging_to_loguru
 from app.settings import AppSettings
-import launch
+from app import launcher as launch
 route_std_logging_to_loguru()
 def handler(settings, plan):
     key = settings.api_key
@@ -333,9 +334,9 @@ def test_a_server_killed_while_adding_voices_restarts_clean(tmp_path):
     (half / "sample.wav").write_bytes(clip[: len(clip) // 3])
 
     with DemoServer(tmp_path, "--device", "cpu", "--no-compile") as second:
-        assert not [p.name for p in voices.iterdir() if p.name.startswith(".")]
+        assert not [p.name for p in voices.iterdir() if p.name.startswith(".") and p.name != VoiceStore.LOCK_FILE]
         assert "interrupted add or delete" in second.log_tail(20_000)
-        listed = httpx.get(f"{second.url}/v1/references/list").json()["reference_ids"]
+        listed = httpx.get(f"{second.url}/v1/references/list", params={"format": "json"}).json()["reference_ids"]
         assert "Before" in listed
         for voice in listed:
             r = httpx.post(f"{second.url}/v1/tts", json={"text": "still usable", "reference_id": voice, **FAST},
