@@ -41,10 +41,10 @@ class ClipReport:
 
     def markdown(self) -> str:
         if self.error:
-            return f"⛔ {self.error}"
+            return f"**Cannot use this clip.** {self.error}"
         if self.warnings:
-            return "\n\n".join(f"⚠️ {w}" for w in self.warnings)
-        return f"✅ {self.seconds:.1f} s, level good."
+            return "\n\n".join(f"**Check the clip.** {w}" for w in self.warnings)
+        return f"Clip OK: {self.seconds:.1f} s, good level."
 
 
 def _dbfs(value: float) -> float:

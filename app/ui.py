@@ -184,10 +184,10 @@ def build_ui(synth: Synthesizer, settings: AppSettings, metrics: Metrics) -> gr.
                 else:
                     audio = gr.Audio(label="Speech", interactive=False, elem_id="speak-audio")
                     gr.Markdown("ffmpeg was not found, so audio plays when it is complete instead of streaming.")
-                with gr.Row(equal_height=False):
+                with gr.Row(equal_height=False, elem_id="speak-result"):
                     download = gr.File(label="Download", interactive=False, visible=False, elem_id="speak-download",
                                        height=80)
-                    stats = gr.Markdown(elem_id="speak-stats")
+                    stats = gr.Markdown(label="Stats", elem_id="speak-stats")
                 gr.Markdown("Ctrl+Enter (⌘+Enter on a Mac) generates from any text box.", elem_classes=["hint"])
                 last_entry = gr.State(None)
                 examples = _examples()
@@ -214,9 +214,9 @@ def build_ui(synth: Synthesizer, settings: AppSettings, metrics: Metrics) -> gr.
                         with gr.Row(equal_height=True):
                             new_name = gr.Textbox(label="Save as", placeholder="voice name", elem_id="voice-name",
                                                   scale=3, min_width=160)
-                            save_btn = gr.Button("Save voice", variant="primary", scale=0, min_width=120,
+                            save_btn = gr.Button("Save voice", variant="primary", scale=0, min_width=150,
                                                  elem_id="save-voice")
-                        save_status = gr.Markdown(elem_id="save-status")
+                        save_status = gr.Markdown(label="Status", elem_id="save-status")
                         save_error = errors("save-error")
                     with gr.Column(min_width=300):
                         saved = gr.Dataframe(
@@ -230,7 +230,7 @@ def build_ui(synth: Synthesizer, settings: AppSettings, metrics: Metrics) -> gr.
                             rename_to = gr.Textbox(label="Rename to", elem_id="rename-to", scale=3, min_width=160)
                             rename_btn = gr.Button("Rename", scale=0, min_width=90, elem_id="rename")
                             delete_btn = gr.Button("Delete", variant="stop", scale=0, min_width=90, elem_id="delete")
-                        manage_status = gr.Markdown(elem_id="manage-status")
+                        manage_status = gr.Markdown(label="Status", elem_id="manage-status")
                         manage_error = errors("manage-error")
 
             with gr.Tab("Batch", id="batch", elem_id="batch-panel"):
@@ -241,7 +241,7 @@ def build_ui(synth: Synthesizer, settings: AppSettings, metrics: Metrics) -> gr.
                 with gr.Row(equal_height=True):
                     batch_voice = voice_dropdown("batch-voice", [])
                     batch_format = format_dropdown("batch-format")
-                    batch_btn = gr.Button("Generate all", variant="primary", scale=0, min_width=140,
+                    batch_btn = gr.Button("Generate all", variant="primary", scale=0, min_width=160,
                                           elem_id="batch-run")
                 batch_error = errors("batch-error")
                 table = gr.Dataframe(
@@ -267,8 +267,8 @@ def build_ui(synth: Synthesizer, settings: AppSettings, metrics: Metrics) -> gr.
                                                elem_id="history-download", height=80)
                 with gr.Row():
                     regenerate = gr.Button("Regenerate (same settings and seed)", interactive=False,
-                                           elem_id="regenerate", scale=0, min_width=200)
-                    clear_history = gr.Button("Clear history", variant="stop", scale=0, min_width=140,
+                                           elem_id="regenerate", scale=0, min_width=380)
+                    clear_history = gr.Button("Clear history", variant="stop", scale=0, min_width=160,
                                               elem_id="clear-history")
                 history_error = errors("history-error")
 
@@ -278,7 +278,7 @@ def build_ui(synth: Synthesizer, settings: AppSettings, metrics: Metrics) -> gr.
                 sampling = _sampling_controls(DEMO_MAX_NEW_TOKENS if demo_mode else DEFAULTS.max_new_tokens)
 
             with gr.Tab("System", id="system", elem_id="system-panel"):
-                system = gr.Markdown("Loading…", elem_id="system-stats")
+                system = gr.Markdown("Loading…", label="System", elem_id="system-stats")
                 refresh = gr.Button("Refresh", scale=0, min_width=120, elem_id="system-refresh")
                 gr.Timer(5).tick(
                     h.system_markdown, outputs=system, queue=False, show_progress="hidden", api_visibility="private"

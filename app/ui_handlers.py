@@ -95,7 +95,7 @@ def error_box(message: str | None = None):
     """The message shown under the control that failed; hidden when there is none."""
     if not message:
         return gr.Markdown(value="", visible=False)
-    return gr.Markdown(value=f"⚠️ {message[:1].upper()}{message[1:]}", visible=True)
+    return gr.Markdown(value=f"{message[:1].upper()}{message[1:]}", visible=True)
 
 
 def api_endpoint(fn, route: str, metrics: Metrics):
@@ -136,7 +136,7 @@ def ui_action(fn, route: str, metrics: Metrics, outputs: int, *, status_first: b
     their values, except a status message in the first one, which is cleared) and the next run clears."""
 
     def as_tuple(result):
-        return result if isinstance(result, tuple) else (result,)
+        return result if outputs > 1 else (result,)
 
     def failed(e: Exception):
         kept = ["" if status_first and i == 0 else gr.skip() for i in range(outputs)]
@@ -212,7 +212,7 @@ def voice_label(voice: str | None) -> str:
 
 
 def speaking_in(voice: str | None) -> str:
-    return f"🗣️ Speaking in **{voice_label(voice)}**"
+    return f"Speaking in {voice_label(voice)}"
 
 
 class Handlers:
