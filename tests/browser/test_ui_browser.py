@@ -408,7 +408,7 @@ def test_batch_table_zip_and_row_playback(page):
 
     page.fill("#batch-lines textarea", "")
     page.click("#batch-run")
-    assert "nothing to speak" in error_text(page, "batch-error")
+    assert "nothing to speak" in error_text(page, "batch-error").lower()
     assert_no_toast_or_error_pill(page)
     shot(page, "batch_empty")
 
@@ -431,6 +431,7 @@ def test_advanced_settings_follow_the_reference_ui(page):
 
 def test_system_tab_explains_memory_on_cpu(page):
     open_tab(page, "System")
+    wait_text(page, "#system-stats", "Memory in use")
     text = page.locator("#system-stats").inner_text()
     assert "cpu" in text and "n/a (measured on CUDA GPUs only)" in text
     shot(page, "system")
