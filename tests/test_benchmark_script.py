@@ -78,17 +78,18 @@ def test_profile_step_sets_the_inductor_config_it_is_given(monkeypatch):
     import torch._inductor.config as config
     from profile_step import set_inductor_config
 
-    monkeypatch.setattr(config.triton, "enable_pdl", False)
-    monkeypatch.setattr(config, "combo_kernels", False)
-    set_inductor_config("triton.enable_pdl=True")
-    set_inductor_config("combo_kernels=True")
-    assert config.triton.enable_pdl is True and config.combo_kernels is True
+    # Settings every supported torch has (others come and go between releases).
+    monkeypatch.setattr(config.triton, "cudagraphs", False)
+    monkeypatch.setattr(config, "max_autotune", False)
+    set_inductor_config("triton.cudagraphs=True")
+    set_inductor_config("max_autotune=True")
+    assert config.triton.cudagraphs is True and config.max_autotune is True
     with pytest.raises(SystemExit, match="no triton.no_such_setting"):
         set_inductor_config("triton.no_such_setting=1")
     with pytest.raises(SystemExit, match="no no_such_group.setting"):
         set_inductor_config("no_such_group.setting=1")
     with pytest.raises(SystemExit, match="KEY=VALUE"):
-        set_inductor_config("combo_kernels")
+        set_inductor_config("max_autotune")
 
 
 def test_profile_first_requests_times_each_phase_of_each_request(tmp_path):
