@@ -1,7 +1,8 @@
 """The Gradio Blocks app: Speak, Voice clone, Batch, History, Advanced settings, System.
 
-Public event names (api_name) are a stable contract for gradio_client: speak, preview_voice,
-save_voice, rename_voice, delete_voice, list_voices, batch, system. They hang on a hidden trigger
+Public event names (api_name) are a stable contract for gradio_client: speak (the whole file),
+speak_stream (audio as it is made, then the file), preview_voice, save_voice, rename_voice,
+delete_voice, list_voices, batch, system. They hang on a hidden trigger
 and raise errors; the page's own events are private and show errors next to their controls.
 
 With an API key, the page's config (readable before login, through window.gradio_api_info) holds
@@ -371,15 +372,23 @@ def build_ui(synth: Synthesizer, settings: AppSettings, metrics: Metrics) -> gr.
             entries = h.add_to_history(entries, entry)
             return entries, h.history_table(entries)
 
+        def speak_in_page(*args):
+            """The download box appears with the first file."""
+            for played, file, shown, entry in h.speak_stream(*args):
+                yield played, gr.File(value=file, visible=True) if isinstance(file, str) else file, shown, entry
+
         def speak_in_ui(trigger_event):
             return trigger_event(
-                ui(h.speak_stream, "speak", 4), speak_inputs, [*speak_outputs, speak_error],
+                ui(speak_in_page, "speak", 4), speak_inputs, [*speak_outputs, speak_error],
                 api_visibility="private", show_progress_on=[audio], **engine_slot,
             ).then(remember, [history, last_entry], [history, history_table], api_visibility="private",
                    show_progress="hidden")
 
         speak_in_ui(generate.click)
         api_trigger.click(api(h.speak, "speak"), speak_inputs, [download, stats], api_name="speak", **engine_slot)
+        api_trigger.click(
+            api(h.speak_stream, "speak_stream"), speak_inputs, speak_outputs, api_name="speak_stream", **engine_slot
+        )
         text.change(None, text, counter, js=COUNTER_JS % limit, queue=False, show_progress="hidden")
 
         preview_inputs = [ref_audio, ref_text, preview_text, *sampling]

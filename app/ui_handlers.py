@@ -343,9 +343,15 @@ class Handlers:
         audio_s = len(result.audio) / result.sample_rate
         return str(path), stats_markdown(audio_s, s.get("rtf"), s.get("ttfa_s"), seed)
 
-    def speak_stream(self, text, voice, output_format, reference_audio, reference_text, *sampling):
-        """Yields (player, download, stats, history entry). The player streams as audio is made when
-        ffmpeg is there. Chunks go out as int16: Gradio peak-normalizes each float chunk on its own."""
+    def speak_stream(
+        self, text, voice=NO_VOICE, output_format="wav", reference_audio=None, reference_text=None,
+        temperature=DEFAULTS.temperature, top_p=DEFAULTS.top_p, repetition_penalty=DEFAULTS.repetition_penalty,
+        max_new_tokens=DEFAULTS.max_new_tokens, chunk_length=DEFAULTS.chunk_length, seed=DEFAULTS.seed,
+    ):
+        """Speaks `text` as it is generated: yields (audio so far, then the audio file in
+        `output_format`, stats). The stream is Gradio's HLS playlist when ffmpeg is there."""
+        # Chunks go out as int16: Gradio peak-normalizes each float chunk on its own.
+        sampling = (temperature, top_p, repetition_penalty, max_new_tokens, chunk_length, seed)
         speaker, params, seed = self._request(text, voice, reference_audio, reference_text, sampling)
         stats = StreamStats(self.synth.sample_rate)
         sr = self.synth.sample_rate
@@ -378,7 +384,7 @@ class Handlers:
                                                   int(sampling[4]), seed))),
         }
         yield (
-            final, gr.File(value=str(path), visible=True),
+            final, str(path),
             stats_markdown(stats.audio_s, stats.rtf, stats.ttfa_s, seed), entry,
         )
 

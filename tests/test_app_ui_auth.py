@@ -37,7 +37,7 @@ def http(server):
 
 @pytest.fixture(scope="module")
 def saved_voice(http):
-    assert VOICE in http.get("/v1/references/list", headers=BEARER).json()["reference_ids"]
+    assert VOICE in http.get("/v1/references/list", headers={**BEARER, "accept": "application/json"}).json()["reference_ids"]
     return VOICE
 
 

@@ -27,6 +27,7 @@ SAMPLING = {
 }
 ENDPOINTS = {
     "/speak": ["text", "voice", "output_format", "reference_audio", "reference_text", *SAMPLING],
+    "/speak_stream": ["text", "voice", "output_format", "reference_audio", "reference_text", *SAMPLING],
     "/preview_voice": ["reference_audio", "reference_text", "preview_text", *SAMPLING],
     "/batch": ["lines", "upload", "voice", "output_format", "reference_audio", "reference_text", *SAMPLING],
     "/save_voice": ["name", "reference_audio", "reference_text"],
@@ -95,6 +96,16 @@ def test_speak_in_each_offered_format(client, output_format):
     assert_audible(samples, 0.04, rate)
 
 
+def test_speak_stream_streams_then_offers_the_whole_file_and_stats(client):
+    job = client.submit("Hello from gradio client.", output_format="flac", **SAMPLING, api_name="/speak_stream")
+    outputs = list(job)
+    assert len(outputs) >= 2, "expected a streamed chunk before the final output"
+    _, download, stats = job.result()
+    assert download.endswith(".flac")
+    assert_audio(Path(download).read_bytes())
+    assert "Real-time factor" in stats
+
+
 def test_the_same_seed_gives_the_same_audio(client):
     first, stats = speak(client, "Say it twice.")
     second, _ = speak(client, "Say it twice.")
@@ -146,7 +157,7 @@ def test_preview_voice(client, clip):
 
 def test_saved_voices_are_shared_with_the_rest_api(client, server, clip):
     assert "ui voice" in client.predict("ui voice", handle_file(clip), "a gliding tone", api_name="/save_voice")
-    rest = httpx.get(f"{server.url}/v1/references/list").json()["reference_ids"]
+    rest = httpx.get(f"{server.url}/v1/references/list", params={"format": "json"}).json()["reference_ids"]
     assert "ui voice" in rest
     assert ["ui voice", "a gliding tone"] in client.predict(api_name="/list_voices")
 
@@ -164,7 +175,7 @@ def test_saved_voices_are_shared_with_the_rest_api(client, server, clip):
         client.predict("ui voice", handle_file(clip), "a gliding tone", api_name="/save_voice")
     client.predict("ui voice", "ui voice 2", api_name="/rename_voice")
     client.predict("ui voice 2", api_name="/delete_voice")
-    assert httpx.get(f"{server.url}/v1/references/list").json()["reference_ids"] == []
+    assert httpx.get(f"{server.url}/v1/references/list", params={"format": "json"}).json()["reference_ids"] == []
     fresh = Client(server.url, verbose=False)
     assert parameters(fresh, "/delete_voice")["name"]["type"]["enum"] == []
     fresh.close()
@@ -216,7 +227,7 @@ def test_with_no_ffmpeg_on_path_the_ui_streams_through_the_wheels_ffmpeg(tmp_pat
     with DemoServer(tmp_path, env=python_only_path(tmp_path)) as server:
         assert "ffmpeg: " in server.log_tail() and "(from the imageio-ffmpeg wheel; none on PATH)" in server.log_tail()
         client = Client(server.url, verbose=False)
-        job = speak(client, "Streaming with the wheel's ffmpeg.")
+        job = client.submit("Streaming with the wheel's ffmpeg.", **SAMPLING, api_name="/speak_stream")
         outputs = list(job)
         _, download, _ = job.result()
         client.close()
