@@ -70,7 +70,7 @@ def level_warnings(samples: np.ndarray) -> list[str]:
     return warnings
 
 
-def check_clip(path: str | None, max_seconds: float) -> ClipReport | None:
+def check_clip(path: str | None, max_seconds: float | None) -> ClipReport | None:
     """None when there is no clip."""
     if not path:
         return None

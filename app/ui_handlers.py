@@ -228,11 +228,12 @@ class Handlers:
 
     @property
     def max_text_length(self) -> int:
-        return int(getattr(self.synth.engine.config, "max_text_length", 0) or 0)
+        """Characters per request; 0 = no limit."""
+        return int(getattr(getattr(self.synth.engine, "config", None), "max_text_length", 0) or 0)
 
     @property
-    def max_reference_seconds(self) -> float:
-        return float(self.synth.engine.config.max_reference_seconds)
+    def max_reference_seconds(self) -> float | None:
+        return getattr(getattr(self.synth.engine, "config", None), "max_reference_seconds", None)
 
     # ----- voices -----
 
