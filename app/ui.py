@@ -53,7 +53,8 @@ COUNTER_JS = """(text) => {
   const n = [...(text || '')].length, limit = %d;
   if (!limit) return `${n.toLocaleString('en')} characters`;
   const over = n > limit;
-  return `<span class="${over ? 'over' : ''}">${n.toLocaleString('en')} / ${limit.toLocaleString('en')} characters${over ? ' (over the limit: shorten the text, or use Batch)' : ''}</span>`;
+  const count = `${n.toLocaleString('en')} / ${limit.toLocaleString('en')} characters`;
+  return over ? `<span class="over">${count} (over the limit: shorten the text, or use Batch)</span>` : count;
 }"""
 
 

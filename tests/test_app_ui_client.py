@@ -129,7 +129,9 @@ def test_speak_errors_are_readable_messages(client, clip, server):
 
 
 def test_speak_with_the_uploaded_reference(client, clip):
-    audio, _ = speak(client, "Speaking in the uploaded voice.", "<uploaded>", "wav", handle_file(clip), "a gliding tone")
+    audio, _ = speak(
+        client, "Speaking in the uploaded voice.", "<uploaded>", "wav", handle_file(clip), "a gliding tone"
+    )
     assert_audio(Path(audio).read_bytes())
 
 
