@@ -26,6 +26,15 @@ class OutputDir:
         run.mkdir(parents=True)
         return run
 
+    def resolve(self, name: str) -> Path | None:
+        """The file `<run>/<file>` under this folder if it still exists. `name` comes from the
+        browser, so anything else (other folders, `..`, absolute paths) is None."""
+        parts = Path(name).parts if isinstance(name, str) else ()
+        if len(parts) != 2 or any(p in ("", ".", "..") or "/" in p or "\\" in p for p in parts):
+            return None
+        path = self.root / parts[0] / parts[1]
+        return path if path.is_file() and path.resolve().parent.parent == self.root.resolve() else None
+
     def _prune(self):
         if not self.root.is_dir():
             return

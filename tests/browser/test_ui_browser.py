@@ -1,23 +1,29 @@
-"""The UI in a real headless Chromium (Debian's package) against `launch.py --demo`: type, click
-Generate, get playable audio and a download; errors appear as readable messages.
+"""The UI in a real headless Chromium (Debian's package) against `launch.py --demo`: each tab's main
+flow and each bad input, as a user meets them.
 
-Skips with the reason when Chromium or the playwright package is missing (.ci/run installs both).
-A screenshot is saved under tests/_artifacts/ for a person to look at.
+Skips with the reason when Chromium or the playwright package is missing (scripts/test.sh installs
+both). Every test saves screenshots under tests/_artifacts/ for a person to look at.
 """
 
 from __future__ import annotations
 
+import io
 import os
+import re
 import shutil
+import zipfile
 from pathlib import Path
 
+import numpy as np
 import pytest
+import soundfile as sf
 
 from tests.test_app_support import DemoServer, assert_audio
 
 CHROMIUM = os.environ.get("S1_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
 ARTIFACTS = Path(__file__).resolve().parent.parent / "_artifacts"
 GENERATION_TIMEOUT_MS = 90_000
+MAX_TEXT = 2000  # EngineConfig.max_text_length's default, which launch.py keeps
 
 sync_api = pytest.importorskip(
     "playwright.sync_api", reason="pip install playwright (browser tests drive Chromium with it)"
@@ -25,7 +31,8 @@ sync_api = pytest.importorskip(
 if not Path(CHROMIUM).is_file():
     pytest.skip(f"Chromium not found at {CHROMIUM}: apt-get install chromium", allow_module_level=True)
 
-# The machine has no outside network: keep Chromium from trying to reach Google's services.
+# The machine has no outside network: keep Chromium from trying to reach Google's services. The
+# fake media flags give the page a microphone that plays a beep, with no permission prompt.
 CHROMIUM_ARGS = [
     "--headless",
     "--no-sandbox",
@@ -36,12 +43,26 @@ CHROMIUM_ARGS = [
     "--disable-component-update",
     "--disable-sync",
     "--autoplay-policy=no-user-gesture-required",
+    "--use-fake-ui-for-media-stream",
+    "--use-fake-device-for-media-stream",
 ]
+
+
+def speech_like_wav(seconds: float, peak: float = 0.5) -> bytes:
+    """A voiced tone with syllable-like loudness changes, 16-bit WAV at 22.05 kHz."""
+    rate = 22050
+    t = np.arange(int(seconds * rate)) / rate
+    envelope = 0.55 + 0.45 * np.sin(2 * np.pi * 3 * t)
+    tone = np.sin(2 * np.pi * 150 * t) + 0.4 * np.sin(2 * np.pi * 300 * t) + 0.2 * np.sin(2 * np.pi * 450 * t)
+    samples = peak * envelope * tone / np.abs(tone).max()
+    buffer = io.BytesIO()
+    sf.write(buffer, samples.astype(np.float32), rate, format="WAV", subtype="PCM_16")
+    return buffer.getvalue()
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    with DemoServer(tmp_path_factory.mktemp("browser")) as s:
+    with DemoServer(tmp_path_factory.mktemp("browser"), "--device", "cpu", "--no-compile") as s:
         yield s
 
 
@@ -53,22 +74,122 @@ def browser():
         b.close()
 
 
-@pytest.fixture
-def page(browser, server):
-    context = browser.new_context(viewport={"width": 1280, "height": 1000})
+@pytest.fixture(scope="module")
+def clips(tmp_path_factory) -> dict[str, Path]:
+    folder = tmp_path_factory.mktemp("clips")
+    files = {
+        "good": ("speaker.wav", speech_like_wav(6.0)),
+        "short": ("short.wav", speech_like_wav(2.4)),
+        "quiet": ("quiet.wav", speech_like_wav(6.0, peak=0.005)),
+        "not_audio": ("notes.mp3", b"These are meeting notes, not audio.\n" * 40),
+    }
+    paths = {}
+    for kind, (name, data) in files.items():
+        (folder / name).write_bytes(data)
+        paths[kind] = folder / name
+    return paths
+
+
+def open_page(browser, server, width=1280, height=1000):
+    context = browser.new_context(viewport={"width": width, "height": height})
     page = context.new_page()
     page.goto(server.url)
     page.wait_for_selector("#speak-text textarea", timeout=30_000)
+    return page
+
+
+@pytest.fixture
+def page(browser, server):
+    page = open_page(browser, server)
     yield page
-    context.close()
+    page.context.close()
 
 
-def test_type_generate_and_play(page, server):
+def shot(page, name: str):
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.wait_for_timeout(300)  # let transitions finish for the picture
+    page.screenshot(path=str(ARTIFACTS / f"ui_{name}.png"), full_page=True)
+
+
+def open_tab(page, name: str):
+    tab = page.get_by_role("tab", name=name, exact=True)
+    if tab.count() and tab.first.is_visible():
+        tab.first.click()
+    else:  # narrow screens put the last tabs in an overflow menu
+        page.locator("button[aria-label='More tabs']").click()
+        page.get_by_role("button", name=name, exact=True).last.click()
+
+
+def set_number(page, elem_id: str, value):
+    field = page.locator(f"#{elem_id} input[type=number]")
+    field.fill(str(value))
+    field.press("Tab")
+
+
+def quick_settings(page, seed=0):
+    """Short generations (16 frames) keep the CPU demo fast."""
+    open_tab(page, "Advanced settings")
+    set_number(page, "set-max_new_tokens", 16)
+    set_number(page, "set-seed", seed)
+    open_tab(page, "Speak")
+
+
+def choose(page, dropdown_id: str, option: str):
+    page.click(f"#{dropdown_id} input")
+    page.get_by_role("option", name=option, exact=True).click()
+
+
+def wait_stats(page):
+    page.locator("#speak-stats").get_by_text("Real-time factor").wait_for(timeout=GENERATION_TIMEOUT_MS)
+
+
+def fetch(page, locator) -> bytes:
+    link = locator.locator("a").first
+    link.wait_for(timeout=30_000)
+    response = page.request.get(link.get_attribute("href"))
+    assert response.ok
+    return response.body()
+
+
+def cell(page, table_id: str, row: int, column: int):
+    return page.locator(f"#{table_id} [data-testid='cell-{row}-{column}']")
+
+
+def wait_text(page, selector: str, text: str, timeout=30_000):
+    page.wait_for_function(
+        "([selector, text]) => { const e = document.querySelector(selector); return e && e.innerText.includes(text); }",
+        arg=[selector, text], timeout=timeout,
+    )
+
+
+def playable(page, elem_id: str, timeout=30_000):
+    """A non-streaming player (Gradio's waveform view) holds audio once it offers to play it."""
+    page.locator(f"#{elem_id} button[aria-label='Play']").wait_for(timeout=timeout)
+
+
+def error_text(page, elem_id: str) -> str:
+    box = page.locator(f"#{elem_id}")
+    box.wait_for(state="visible", timeout=GENERATION_TIMEOUT_MS)
+    return box.inner_text()
+
+
+def assert_no_toast_or_error_pill(page):
+    assert page.locator(".toast-body").count() == 0
+    assert page.locator(".error").filter(has_text="Error").count() == 0
+
+
+# ----- Speak ---------------------------------------------------------------------------------------
+
+
+def test_speak_streams_plays_downloads_and_lands_in_history(page):
+    quick_settings(page)
+    assert page.locator("#speak-download").is_hidden(), "no empty Download box before the first generation"
+    assert "Speaking in the default voice" in page.locator("#voice-indicator").inner_text()
+    choose(page, "speak-format", "mp3")
     page.fill("#speak-text textarea", "Hello from a real browser. This is the S1-mini Studio.")
+    assert page.locator("#char-count").inner_text().startswith("54 / 2,000 characters")
     page.click("#generate")
-    stats = page.locator("#speak-stats")
-    stats.get_by_text("Real-time factor").wait_for(timeout=GENERATION_TIMEOUT_MS)
-    # The player holds audio the browser can decode (buffered, with a duration) and can start it.
+    wait_stats(page)
     page.wait_for_function(
         "(() => { const a = document.querySelector('#speak-audio audio');"
         " return a && a.readyState >= 2 && a.duration > 0; })()",
@@ -80,24 +201,238 @@ def test_type_generate_and_play(page, server):
         " return {time: a.currentTime, error: a.error && a.error.message}; }"
     )
     assert played["error"] is None and played["time"] > 0, played
+    download = page.locator("#speak-download")
+    assert ".mp3" in download.inner_text()
+    samples = assert_audio(fetch(page, download))
+    assert "Seed" in page.locator("#speak-stats").inner_text()
+    assert_no_toast_or_error_pill(page)
+    shot(page, "speak")
 
-    link = page.locator("#speak-download a").first
-    link.wait_for(timeout=10_000)
-    download = page.request.get(link.get_attribute("href"))
-    assert download.ok
-    assert_audio(download.body())
+    open_tab(page, "History")
+    wait_text(page, "#history-table", "Hello from a real browser")
+    assert "mp3" in page.locator("#history-table").inner_text()
+    cell(page, "history-table", 0, 1).click()
+    page.locator("#history-download a").first.wait_for(timeout=10_000)
+    replayed = assert_audio(fetch(page, page.locator("#history-download")))
+    np.testing.assert_array_equal(replayed, samples)
+    shot(page, "history")
 
-    ARTIFACTS.mkdir(exist_ok=True)
-    page.screenshot(path=str(ARTIFACTS / "ui_speak.png"), full_page=True)
+    # Regenerate restores text, voice, format and seed, and makes the same audio again.
+    page.click("#regenerate")
+    wait_text(page, "#speak-stats", "Seed")  # back on the Speak tab
+    assert page.locator("#speak-text textarea").input_value().startswith("Hello from a real browser")
+    open_tab(page, "History")
+    cell(page, "history-table", 1, 1).wait_for(timeout=GENERATION_TIMEOUT_MS)  # the new generation's row
+    seeds = [cell(page, "history-table", row, 4).inner_text() for row in (0, 1)]
+    assert seeds[0] == seeds[1], seeds
+    open_tab(page, "Speak")
+    assert ".mp3" in page.locator("#speak-download").inner_text()
+    again = assert_audio(fetch(page, page.locator("#speak-download")))
+    np.testing.assert_array_equal(again, samples)
+
+    # The history is the browser's: a new page in the same browser context still shows it.
+    other = page.context.new_page()
+    other.goto(page.url)
+    other.wait_for_selector("#speak-text textarea", timeout=30_000)
+    open_tab(other, "History")
+    cell(other, "history-table", 1, 1).wait_for(timeout=30_000)
 
 
-def test_error_is_a_readable_message(page):
+def test_over_long_text_is_counted_and_refused_next_to_the_text(page):
+    quick_settings(page)
+    page.fill("#speak-text textarea", "a" * (MAX_TEXT + 5))
+    counter = page.locator("#char-count .over")
+    counter.wait_for(timeout=5_000)
+    assert "2,005 / 2,000 characters" in counter.inner_text()
+    page.click("#generate")
+    message = error_text(page, "speak-error")
+    assert "2,005 characters; the limit is 2,000" in message
+    assert_no_toast_or_error_pill(page)
+    shot(page, "speak_text_too_long")
+
+    # The error stays until the next action, which clears it.
+    page.fill("#speak-text textarea", "Short enough.")
+    assert page.locator("#speak-error").is_visible()
+    page.keyboard.press("Control+Enter")  # keyboard submit from the text box
+    wait_stats(page)
+    assert page.locator("#speak-error").is_hidden()
+
+
+def test_empty_text_error_stays_next_to_generate(page):
     page.fill("#speak-text textarea", "   ")
     page.click("#generate")
-    toast = page.locator(".toast-body").first
-    toast.wait_for(timeout=30_000)
-    text = toast.inner_text()
-    assert "text is empty" in text and "Traceback" not in text
-    page.wait_for_timeout(500)  # let the toast finish fading in for the screenshot
-    ARTIFACTS.mkdir(exist_ok=True)
-    page.screenshot(path=str(ARTIFACTS / "ui_error.png"))
+    message = error_text(page, "speak-error")
+    assert "text is empty" in message.lower() and "Traceback" not in message
+    assert_no_toast_or_error_pill(page)
+
+
+def test_narrow_screen_keeps_every_control_in_view(browser, server):
+    page = open_page(browser, server, width=400, height=900)
+    try:
+        quick_settings(page)
+        for elem_id in ("speak-voice", "speak-format", "generate"):
+            box = page.locator(f"#{elem_id}").bounding_box()
+            assert box["x"] >= 0 and box["x"] + box["width"] <= 400, (elem_id, box)
+        page.fill("#speak-text textarea", "Narrow screens work too.")
+        page.click("#generate")
+        wait_stats(page)
+        box = page.locator("#speak-download").bounding_box()
+        assert box["width"] > 300, box
+        shot(page, "speak_narrow")
+        open_tab(page, "System")
+        page.locator("#system-stats").get_by_text("Memory in use").wait_for()
+        shot(page, "system_narrow")
+    finally:
+        page.context.close()
+
+
+# ----- Voice clone -------------------------------------------------------------------------------
+
+
+def upload_clip(page, path: Path):
+    clear = page.locator("#ref-audio button[aria-label='Clear']")
+    if clear.count():
+        clear.first.click()
+    page.set_input_files("#ref-audio input[type=file]", str(path))
+    page.locator("#clip-check").wait_for(state="visible", timeout=30_000)
+    return page.locator("#clip-check").inner_text()
+
+
+def test_non_audio_upload_is_refused_at_once_without_server_paths(page, clips):
+    open_tab(page, "Voice clone")
+    report = upload_clip(page, clips["not_audio"])
+    assert "Cannot use this clip" in report and "not an audio file" in report
+    assert "/tmp" not in report and "gradio" not in report
+    page.fill("#ref-text textarea", "meeting notes")
+    page.fill("#voice-name textarea", "notes")
+    page.click("#save-voice")
+    message = error_text(page, "save-error")
+    assert "not an audio file" in message and "/tmp" not in message
+    shot(page, "clone_not_audio")
+
+
+def test_too_short_and_too_quiet_clips_warn_at_upload(page, clips):
+    open_tab(page, "Voice clone")
+    report = upload_clip(page, clips["short"])
+    assert "Too short (2.4 s)" in report
+    page.fill("#ref-text textarea", "a short tone")
+    page.fill("#voice-name textarea", "short one")
+    page.click("#save-voice")
+    assert "needs at least 5 s" in error_text(page, "save-error")
+    assert "Speaking in the default voice" in page.locator("#voice-indicator").inner_text()
+    shot(page, "clone_too_short")
+
+    report = upload_clip(page, clips["quiet"])
+    page.wait_for_function("document.querySelector('#clip-check').innerText.includes('Too quiet')")
+    shot(page, "clone_too_quiet")
+
+
+def test_microphone_recording_gets_a_level_check(page):
+    open_tab(page, "Voice clone")
+    page.locator("#ref-audio button[aria-label='Record audio']").click()
+    page.locator("#ref-audio").get_by_role("button", name="Record", exact=False).first.click()
+    page.wait_for_timeout(2_500)  # the fake microphone's beeps are recorded for this long
+    page.locator("#ref-audio").get_by_role("button", name="Stop", exact=False).first.click()
+    page.locator("#clip-check").wait_for(state="visible", timeout=30_000)
+    report = page.locator("#clip-check").inner_text()
+    assert "Too short" in report  # a 2.5 s recording: the level check ran on the recorded clip
+    shot(page, "clone_microphone")
+
+
+def test_clone_save_then_speak_in_the_saved_voice(page, clips, server):
+    quick_settings(page)
+    open_tab(page, "Voice clone")
+    assert "Clip OK: 6.0 s" in upload_clip(page, clips["good"])
+    # Uploading does not switch the voice Speak uses.
+    assert "Speaking in the default voice" in page.locator("#voice-indicator").inner_text()
+
+    page.fill("#voice-name textarea", "narrator")
+    page.click("#save-voice")
+    assert "transcript" in error_text(page, "save-error")  # no transcript typed yet
+    shot(page, "clone_no_transcript")
+
+    page.fill("#ref-text textarea", "a voiced tone rising and falling")
+    page.click("#preview")
+    playable(page, "preview-audio", GENERATION_TIMEOUT_MS)
+    page.click("#save-voice")
+    page.locator("#save-status").get_by_text("Saved voice narrator").wait_for(timeout=30_000)
+    assert page.locator("#save-error").is_hidden()
+    # The manager shows the saved clip; Speak now uses the new voice and says so.
+    wait_text(page, "#saved-voices", "narrator")
+    playable(page, "picked-audio")
+    wait_text(page, "#voice-indicator", "saved voice “narrator”")
+    shot(page, "clone_saved")
+
+    open_tab(page, "Speak")
+    page.fill("#speak-text textarea", "Speaking in the saved voice.")
+    page.click("#generate")
+    wait_stats(page)
+    assert_audio(fetch(page, page.locator("#speak-download")))
+
+    open_tab(page, "Voice clone")
+    page.fill("#rename-to textarea", "storyteller")
+    page.click("#rename")
+    page.locator("#manage-status").get_by_text("Renamed narrator to storyteller").wait_for(timeout=30_000)
+    wait_text(page, "#voice-indicator", "saved voice “storyteller”")
+    page.click("#delete")
+    page.locator("#manage-status").get_by_text("Deleted storyteller").wait_for(timeout=30_000)
+    wait_text(page, "#voice-indicator", "Speaking in the default voice")
+
+
+# ----- Batch, settings, system --------------------------------------------------------------------
+
+
+def test_batch_table_zip_and_row_playback(page):
+    quick_settings(page)
+    open_tab(page, "Batch")
+    assert page.locator("#batch-zip").is_hidden()
+    page.fill("#batch-lines textarea", "First line of the batch.\nSecond line.")
+    choose(page, "batch-format", "flac")
+    page.click("#batch-run")
+    # One progress bar, on the table only (not on the zip's box too).
+    progress = page.get_by_text(re.compile(r"Generating|processing|queue", re.I))
+    progress.first.wait_for(timeout=30_000)
+    assert progress.count() == 1, progress.all_inner_texts()
+    wait_text(page, "#batch-table", "Second line.", GENERATION_TIMEOUT_MS)
+    assert page.locator("#batch-table th").nth(3).inner_text().strip() == "audio length (s)"
+    archive = page.locator("#batch-zip")
+    archive.wait_for(state="visible", timeout=30_000)
+    with zipfile.ZipFile(io.BytesIO(fetch(page, archive))) as z:
+        names = sorted(z.namelist())
+        assert len(names) == 2 and all(n.endswith(".flac") for n in names)
+        for name in names:
+            assert_audio(z.read(name))
+    cell(page, "batch-table", 1, 1).click()
+    playable(page, "batch-item")
+    shot(page, "batch")
+
+    page.fill("#batch-lines textarea", "")
+    page.click("#batch-run")
+    assert "nothing to speak" in error_text(page, "batch-error").lower()
+    assert_no_toast_or_error_pill(page)
+    shot(page, "batch_empty")
+
+
+def test_advanced_settings_follow_the_reference_ui(page):
+    open_tab(page, "Advanced settings")
+    expected = {
+        "set-temperature": ("0.7", "1", "0.8"),
+        "set-top_p": ("0.7", "0.95", "0.8"),
+        "set-repetition_penalty": ("1", "1.2", "1.1"),
+        "set-chunk_length": ("100", "400", "300"),
+    }
+    for elem_id, (low, high, value) in expected.items():
+        slider = page.locator(f"#{elem_id} input[type=range]")
+        assert (slider.get_attribute("min"), slider.get_attribute("max"), slider.input_value()) == (low, high, value)
+        assert page.locator(f"#{elem_id}").inner_text().count(".") >= 1  # the one-line hint is there
+    assert page.locator("#set-seed input").input_value() == "0"
+    shot(page, "settings")
+
+
+def test_system_tab_explains_memory_on_cpu(page):
+    open_tab(page, "System")
+    wait_text(page, "#system-stats", "Memory in use")
+    text = page.locator("#system-stats").inner_text()
+    assert "cpu" in text and "n/a (measured on CUDA GPUs only)" in text
+    shot(page, "system")
+
