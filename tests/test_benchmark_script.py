@@ -73,43 +73,6 @@ def test_profile_encode_times_the_reference_encoder_and_writes_its_json(tmp_path
     assert all(r["ms_per_clip"] > 0 for r in rows)
 
 
-def test_profile_step_sets_the_inductor_config_it_is_given(monkeypatch):
-    sys.path.insert(0, str(ROOT / "scripts"))
-    import torch._inductor.config as config
-    from profile_step import set_inductor_config
-
-    monkeypatch.setattr(config.triton, "enable_pdl", False)
-    monkeypatch.setattr(config, "combo_kernels", False)
-    set_inductor_config("triton.enable_pdl=True")
-    set_inductor_config("combo_kernels=True")
-    assert config.triton.enable_pdl is True and config.combo_kernels is True
-    with pytest.raises(SystemExit, match="no triton.no_such_setting"):
-        set_inductor_config("triton.no_such_setting=1")
-    with pytest.raises(SystemExit, match="no no_such_group.setting"):
-        set_inductor_config("no_such_group.setting=1")
-    with pytest.raises(SystemExit, match="KEY=VALUE"):
-        set_inductor_config("combo_kernels")
-
-
-def test_profile_first_requests_times_each_phase_of_each_request(tmp_path):
-    out = tmp_path / "first.json"
-    run = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "profile_first_requests.py"), "--weights", "demo", "--device", "cpu",
-         "--requests", "3", "--max-new-tokens", "8", "--cache-dir", str(tmp_path / "cache"), "--profile-text-prefill",
-         "--json", str(out)],
-        capture_output=True, text=True, timeout=300, cwd=ROOT,
-    )
-    assert run.returncode == 0, run.stderr[-3000:]
-    requests = json.loads(out.read_text())["requests"]
-    assert [r["kind"] for r in requests] == ["saved_voice", "inline_clip", "no_voice"]
-    phases = [[name for name, _ in r["phases_ms"]] for r in requests]
-    # A voice is encoded (a fresh cache dir), its prefix prefilled and stored, then the text prefilled.
-    assert phases[0] == ["encode_reference", "get", "prefill", "store", "prefill"]
-    assert phases[1] == ["encode_reference", "get", "prefill", "store", "prefill"]
-    assert phases[2] == ["prefill"]
-    assert run.stdout.count("Self CPU time total") == 1  # the first prefill after a prefix, profiled once
-
-
 def test_the_start_up_reports_the_stages_of_torch_compile():
     import torch
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Where a decode frame's time goes: kernels per frame and GPU time per kernel kind.
 
-    python scripts/profile_step.py --weights random [--compile on|off] [--quantize int8] [--pdl on|off] [--fused-projections on|off]
+    python tools/profile_step.py --weights random [--compile on|off] [--quantize int8] [--pdl on|off] [--fused-projections on|off]
                                    [--batch 64] [--inductor combo_kernels=True ...] [--json out.json]
 
 Times the graphed step (one batch size, default 1, and one kv bucket; "per frame" means per step of
@@ -24,13 +24,13 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 TIMED_STEPS = 200
-sys.path.insert(0, str(ROOT))
-from weight_options import add_weight_options, parse_with_weights, weight_config  # noqa: E402  (this script's folder)
+sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]  # the engine, and the scripts' shared options
+from weight_options import add_weight_options, parse_with_weights, weight_config  # noqa: E402
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_weight_options(p)
+    add_weight_options(p, demo=True)
     p.add_argument("--compile", default="on", choices=["on", "off"])
     p.add_argument("--compile-mode", default="default", choices=["default", "max-autotune"])
     p.add_argument("--quantize", default="none", choices=["none", "int8", "int4", "fp8"])
@@ -48,6 +48,8 @@ def main(argv=None) -> int:
     args = parse_with_weights(p, argv)
 
     import torch
+    if not torch.cuda.is_available():
+        p.error("needs a CUDA GPU: the step is timed as the CUDA graph the engine replays")
     for setting in args.inductor:
         set_inductor_config(setting)
     from torch.profiler import ProfilerActivity, profile

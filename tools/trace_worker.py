@@ -2,11 +2,11 @@
 """Where the GPU worker's wall time goes, call by call: run a script with the worker's parts and
 Python's garbage collector timed, and write every span as JSON; or summarise such a file.
 
-    python scripts/trace_worker.py --out trace.json launch.py --random-weights --no-ui   # load it, then Ctrl+C
-    python scripts/trace_worker.py --out trace.json scripts/load_test.py --in-process --levels 64
-    python scripts/trace_worker.py --summary trace.json   # per span; per burst of >= 16 requests (.json.gz too)
-    python scripts/trace_worker.py --summary trace.json --window 136.3 150.3   # the spans of one stretch
-    python scripts/trace_worker.py --gpu-events --out trace.json launch.py ...   # and the GPU's busy time (CUDA)
+    python tools/trace_worker.py --out trace.json launch.py --random-weights --no-ui   # load it, then Ctrl+C
+    python tools/trace_worker.py --out trace.json scripts/load_test.py --in-process --levels 64
+    python tools/trace_worker.py --summary trace.json   # per span; per burst of >= 16 requests (.json.gz too)
+    python tools/trace_worker.py --summary trace.json --window 136.3 150.3   # the spans of one stretch
+    python tools/trace_worker.py --gpu-events --out trace.json launch.py ...   # and the GPU's busy time (CUDA)
 
 Each span is [name, thread, start s, end s, before, after] (seconds from the script's start; before
 and after: what the part saw, e.g. admission's (running, waiting, deferred steps), a step's batch,

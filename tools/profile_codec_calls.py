@@ -2,7 +2,7 @@
 """What one codec call costs on the GPU, per row bucket and chunk length: the engine's own codec
 graphs (CodecRunner, its kernels and tuned convolutions), each replayed alone.
 
-    python scripts/profile_codec_calls.py --weights random [--rows 64] [--row-buckets 1,2,3,4,6,8,...] [--json out.json]
+    python tools/profile_codec_calls.py --weights random [--rows 64] [--row-buckets 1,2,3,4,6,8,...] [--json out.json]
 
 For each chunk length the script fits ms = fixed + per_row * bucket over the buckets: `fixed` is
 what every call costs whatever its rows (the decoder's ~1,500 kernels launched one after another),
@@ -22,8 +22,8 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-from weight_options import add_weight_options, parse_with_weights, weight_config  # noqa: E402  (this script's folder)
+sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]  # the engine, and the scripts' shared options
+from weight_options import add_weight_options, parse_with_weights, weight_config  # noqa: E402
 
 REPLAYS = 20
 MAX_FRAMES = 1024  # the runner's streams: its RoPE tables are reserved for this many frames
@@ -44,7 +44,7 @@ def fit_fixed_and_per_row(points: list[tuple[int, float]]) -> tuple[float, float
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_weight_options(p)
+    add_weight_options(p, demo=True)
     p.add_argument("--rows", type=int, default=64, help="streams the runner holds (the engine's slots)")
     p.add_argument("--row-buckets", help="comma-separated row buckets to capture instead of the runner's own")
     p.add_argument("--parts", help="comma-separated ROWSxFRAMES calls whose parts to time (e.g. 1x4,8x32)")
