@@ -60,19 +60,6 @@ def test_each_configuration_is_measured_with_its_own_settings_only():
     assert benchmark._without_options(argv, ("--checkpoint", "--quantize", "--compare", "--json")) == ["--runs", "2"]
 
 
-def test_profile_encode_times_the_reference_encoder_and_writes_its_json(tmp_path):
-    out = tmp_path / "encode.json"
-    run = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "profile_encode.py"), "--weights", "demo", "--device", "cpu",
-         "--seconds", "1", "--chunks", "4,8", "--repeats", "1", "--json", str(out)],
-        capture_output=True, text=True, timeout=300, cwd=ROOT,
-    )
-    assert run.returncode == 0, run.stderr[-3000:]
-    rows = json.loads(out.read_text())["results"]
-    assert [(r["chunk_frames"], r["graphed"]) for r in rows] == [(4, False), (8, False)]  # no graphs on the CPU
-    assert all(r["ms_per_clip"] > 0 for r in rows)
-
-
 def test_the_start_up_reports_the_stages_of_torch_compile():
     import torch
 
