@@ -258,12 +258,12 @@ def test_step_and_codec_graphs_replaying_at_once_give_the_codec_audio_of_serial_
 
 @pytest.mark.gpu
 def test_a_new_engine_captures_larger_batches_when_demanded_or_idle(tmp_path, monkeypatch):
-    """Ready with batch 1's graphs alone: eight requests at once drain the batch, the graphs up to
-    eight rows are captured, and each request gets the audio it gets alone; the last bucket (16)
+    """Ready with batch 1's graphs alone: four requests at once drain the batch, the graphs up to
+    four rows are captured, and each request gets the audio it gets alone; the last bucket (8)
     is captured once the worker is idle. With decode_priority on: the worker thread's stream
     outranks the codec's and the reference encoder's."""
     monkeypatch.setattr(worker_module, "IDLE_AFTER_S", 1e6)  # no idle capture until the test allows it
-    engine = TTSEngine.from_config(EngineConfig(demo=True, device="cuda", precision="fp32", max_batch_size=16,
+    engine = TTSEngine.from_config(EngineConfig(demo=True, device="cuda", precision="fp32", max_batch_size=8,
                                                 cache_dir=str(tmp_path / "cache"), voices_dir=str(tmp_path / "voices"),
                                                 decode_priority=True))
     try:
@@ -274,21 +274,21 @@ def test_a_new_engine_captures_larger_batches_when_demanded_or_idle(tmp_path, mo
         engine.warmup()
         assert synth.runner._capture_stream.priority == worker_priority  # the step graphs rank as the worker
         assert engine.stats()["slots_ready"] == 1
-        params = [SamplingParams(max_new_tokens=6 + i, seed=200 + i) for i in range(8)]
-        texts = [f"Request {i} of a fresh engine." for i in range(8)]
+        params = [SamplingParams(max_new_tokens=6 + i, seed=200 + i) for i in range(4)]
+        texts = [f"Request {i} of a fresh engine." for i in range(4)]
         alone = [engine.synthesize(t, params=p).audio for t, p in zip(texts, params)]
         assert engine.stats()["slots_ready"] == 1
-        with ThreadPoolExecutor(8) as pool:
-            together = list(pool.map(lambda i: engine.synthesize(texts[i], params=params[i]).audio, range(8)))
-        assert engine.stats()["slots_ready"] == 8
+        with ThreadPoolExecutor(4) as pool:
+            together = list(pool.map(lambda i: engine.synthesize(texts[i], params=params[i]).audio, range(4)))
+        assert engine.stats()["slots_ready"] == 4
         for a, b in zip(alone, together):
             assert a.shape == b.shape
             np.testing.assert_allclose(a, b, rtol=0, atol=1e-4)
         monkeypatch.setattr(worker_module, "IDLE_AFTER_S", 0.1)
         engine._worker.call(lambda: None)  # wakes the worker, which then waits the new quiet time
         deadline = time.monotonic() + 300
-        while engine.stats()["slots_ready"] < 16:
-            assert time.monotonic() < deadline, "the idle worker did not capture batch 16"
+        while engine.stats()["slots_ready"] < 8:
+            assert time.monotonic() < deadline, "the idle worker did not capture batch 8"
             time.sleep(0.1)
         np.testing.assert_allclose(engine.synthesize(texts[0], params=params[0]).audio, alone[0], rtol=0, atol=1e-4)
     finally:

@@ -142,7 +142,10 @@ def test_gpu_events_bracket_the_steps_and_codec_calls_of_an_in_process_load_test
     run = subprocess.run(
         [sys.executable, "tools/trace_worker.py", "--gpu-events", "--out", str(trace), "scripts/load_test.py",
          "--in-process", "--weights", "demo", "--cache-dir", str(tmp_path / "cache"), "--levels", "2",
-         "--requests-per-client", "1", "--max-new-tokens", "8", "--reference-seconds", "1"],
+         "--requests-per-client", "1", "--max-new-tokens", "8", "--reference-seconds", "1",
+         # Two slots are all a level of 2 needs; fp32 as the other demo engines of the GPU tests,
+         # whose compiled kernels the shared compile cache then holds.
+         "--engine-option", "max_batch_size=2", "--engine-option", "precision=fp32"],
         cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stderr[-2000:]
     spans = json.loads(trace.read_text())
