@@ -5,6 +5,7 @@ the project's own copy in tests/fixtures.
 """
 
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -52,7 +53,9 @@ def pytest_configure(config):
         return
     from engine.compilation import configure_caches
 
-    configure_caches(Path(os.environ.get("S1_TEST_COMPILE_CACHE") or config.cache.mkdir("compile-cache")))
+    cache = getattr(config, "cache", None)  # pytest's cache folder, unless its plugin is off
+    root = os.environ.get("S1_TEST_COMPILE_CACHE") or (cache.mkdir("compile-cache") if cache else None)
+    configure_caches(Path(root or tempfile.mkdtemp(prefix="s1-test-compile-")))
 
 
 @pytest.fixture(scope="session")

@@ -204,7 +204,7 @@ def test_padded_codec_replays_keep_the_spare_rows_position_bounded():
     assert positions[runner.rows] <= 16, positions  # 12 x 16 = 192 before the fix
 
 
-def test_the_decode_loop_and_codec_never_wait_for_the_gpu_outside_their_read_backs(tiny_model, s1_expected):
+def test_the_decode_loop_and_codec_never_wait_for_the_gpu_outside_their_read_backs(s1_expected, prepared_runner):
     """With torch's sync debug mode raising, sequences are admitted, stepped in graphs, handed out,
     one cancelled and the rest retired, and a padded last chunk goes through a codec graph: nothing
     in that loop may wait for a stream (a host scalar written into a device tensor did, on every
@@ -213,8 +213,7 @@ def test_the_decode_loop_and_codec_never_wait_for_the_gpu_outside_their_read_bac
     from engine.runtime.codec_runner import CodecRunner
     from engine.runtime.scheduler import Harvest
 
-    runner = StepRunner(tiny_model, new_cache(tiny_model, 4), EAGER_GRAPHS)
-    runner.prepare()
+    runner = prepared_runner(EAGER_GRAPHS, 4)
     codec_runner = CodecRunner(load_models(EngineConfig(demo=True, device="cuda")).codec, rows=4, max_frames=256)
     codec_runner.prepare()
     prompt = s1_expected["prompt_b"].long().cuda()
