@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchmark import environment, level_summary, stream_record, write_reports  # noqa: E402
+from reports import environment, level_summary, stream_record, write_reports  # noqa: E402
 from weight_options import add_weight_options, settle_weights, weight_config  # noqa: E402
 
 TEXT = "The quick brown fox jumps over the lazy dog, and then it runs away into the forest."

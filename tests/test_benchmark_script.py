@@ -64,26 +64,26 @@ def test_the_start_up_reports_the_stages_of_torch_compile():
     import torch
 
     sys.path.insert(0, str(ROOT / "scripts"))
-    import benchmark  # noqa: E402
+    import benchmark_phases  # noqa: E402
 
     torch._dynamo.reset()
     torch.compile(lambda x: (x.sin() * 2).sum())(torch.randn(8))
-    stages = benchmark.torch_compile_stages()
-    assert set(stages) <= set(benchmark.COMPILE_STAGES.values()) and stages["all"] > 0
+    stages = benchmark_phases.torch_compile_stages()
+    assert set(stages) <= set(benchmark_phases.COMPILE_STAGES.values()) and stages["all"] > 0
     assert all(0 <= seconds <= stages["all"] for seconds in stages.values())
 
 
 def test_the_reported_commit_says_when_the_tree_differs_from_it(tmp_path, monkeypatch):
     sys.path.insert(0, str(ROOT / "scripts"))
     try:
-        import benchmark
+        import reports
     finally:
         sys.path.remove(str(ROOT / "scripts"))
     monkeypatch.delenv("S1_COMMIT", raising=False)
     for name in ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE"):  # as a git hook would set them
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path.parent))  # no repository above tmp_path either
-    assert benchmark.project_commit(tmp_path) == "unknown"  # no repository here
+    assert reports.project_commit(tmp_path) == "unknown"  # no repository here
 
     def git(*args):
         subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false", *args],
@@ -96,18 +96,18 @@ def test_the_reported_commit_says_when_the_tree_differs_from_it(tmp_path, monkey
     head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=tmp_path, capture_output=True,
                           text=True).stdout.strip()
     (tmp_path / "new.txt").write_text("untracked files do not count\n")
-    assert benchmark.project_commit(tmp_path) == head
+    assert reports.project_commit(tmp_path) == head
     (tmp_path / "a.txt").write_text("two\n")
-    assert benchmark.project_commit(tmp_path) == head + "+modified"
+    assert reports.project_commit(tmp_path) == head + "+modified"
     monkeypatch.setenv("S1_COMMIT", "abc1234")
-    assert benchmark.project_commit(tmp_path) == "abc1234"
+    assert reports.project_commit(tmp_path) == "abc1234"
 
 
 def test_a_level_names_the_audio_length_of_its_slowest_request():
     """A request with less audio than the first-audio wait runs slower than real time whatever the
     engine's speed: the summary says how long the slowest one was."""
     sys.path.insert(0, str(ROOT / "scripts"))
-    from benchmark import level_summary
+    from reports import level_summary
 
     records = [{"ttfa_ms": 250.0, "rtf": 0.2, "audio_s": 10.0, "underrun_s": 0.0},
                {"ttfa_ms": 270.0, "rtf": 1.03, "audio_s": 0.28, "underrun_s": 0.0},
