@@ -110,8 +110,8 @@ def settings_to_argv(settings: dict) -> list[str]:
 
 def measure_configuration(settings: dict, argv: list[str]) -> dict:
     """measure_in_process in a fresh process: after an engine closes, its compiled graphs and their
-    memory pools stay in the process (on the H100, a configuration measured after another reported
-    0.27 GB more after load than alone)."""
+    memory pools stay in the process, and a configuration measured after another would report more
+    memory after load than alone."""
     replaced = ("--compare", "--json", "--html", "--checkpoint", *map(_option, SETTINGS))
     return run_phase([*_without_options(argv, replaced), *settings_to_argv(settings), "--phase", "measure"],
                      f"measuring {settings}", timeout=3600)

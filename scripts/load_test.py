@@ -370,7 +370,7 @@ def run_in_process(args, levels: list[int]) -> list[dict]:
             engine.warmup()
             engine.capture_all()  # as the server is measured: once every batch graph is captured
             # and its start-up heap frozen (launch.freeze_heap_once_captured): otherwise Python's full
-            # collections stop every thread for ~0.4 s within a level (docs/PERFORMANCE.md)
+            # collections stop every thread for ~0.4 s within a level
             gc.collect()
             gc.freeze()
             return run_levels(EngineTarget(engine), args, levels)

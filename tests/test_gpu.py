@@ -184,9 +184,9 @@ def test_graphed_batched_codec_decodes_each_stream_like_a_lone_decoder():
 
 def test_padded_codec_replays_keep_the_spare_rows_position_bounded():
     """Rows a graph's bucket does not use point at one spare stream, which never ends an utterance.
-    Each padded replay advanced its transformer position, so a server running long enough gathered
-    RoPE rows past the table's end (a device-side assert that killed the process after a few hundred
-    requests under sustained load, 2026-11-27). Each replay now starts the spare row afresh."""
+    Each padded replay advances its transformer position, so without a reset a server running long
+    enough gathers RoPE rows past the table's end (a device-side assert that kills the process after
+    a few hundred requests under sustained load). Each replay starts the spare row afresh."""
     from engine.runtime.codec_runner import CodecRunner
     from engine.runtime.scheduler import Harvest
 
@@ -207,9 +207,9 @@ def test_padded_codec_replays_keep_the_spare_rows_position_bounded():
 def test_the_decode_loop_and_codec_never_wait_for_the_gpu_outside_their_read_backs(s1_expected, prepared_runner):
     """With torch's sync debug mode raising, sequences are admitted, stepped in graphs, handed out,
     one cancelled and the rest retired, and a padded last chunk goes through a codec graph: nothing
-    in that loop may wait for a stream (a host scalar written into a device tensor did, on every
-    retirement: the GPU drained its queued steps while the host worked, 2026-11-27). The loop's own
-    waits are CUDA events, which the mode does not count."""
+    in that loop may wait for a stream (a host scalar written into a device tensor does: the GPU
+    drains its queued steps while the host works). The loop's own waits are CUDA events, which the
+    mode does not count."""
     from engine.runtime.codec_runner import CodecRunner
     from engine.runtime.scheduler import Harvest
 
@@ -241,7 +241,7 @@ def test_the_decode_loop_and_codec_never_wait_for_the_gpu_outside_their_read_bac
 
 def test_prefill_attention_builds_no_cudnn_plan_per_prompt_length(s1_dir, s1_expected):
     """Prompt lengths vary per request, and cuDNN attention builds an execution plan for each new
-    length (and compiled its first ones for up to ~1 s on the H100), so the runner's prefill keeps
+    length (and compiles its first ones for up to ~1 s), so the runner's prefill keeps
     to the attention backends that need none. Checked in bf16, where SDPA would pick cuDNN here."""
     ids = s1_expected["special_ids"]
     model = load_dual_ar(s1_dir, TokenLayout(ids["semantic_begin"], ids["semantic_end"], ids["im_end"]), "cuda",

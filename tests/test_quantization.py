@@ -324,8 +324,7 @@ def test_quantized_step_compiles_into_cuda_graphs(mode):
     with torchao's tensor subclasses as weights, and compiling adds little to the quantization
     error: compiled and eager quantized logits are about as far from the unquantized model's.
     (Not compiled == eager: fp8 quantizes activations on the fly, and a compiled amax/scale rounds
-    some of them the other way; measured 12% of the logits' norm apart on the H100, each a valid
-    fp8 result.)"""
+    some of them the other way: ~12% of the logits' norm apart, each a valid fp8 result.)"""
     from engine.compilation import CompilePolicy, decide
     from engine.runtime.scheduler import Scheduler, SequenceSpec
     from engine.runtime.step_runner import StepRunner

@@ -7,7 +7,7 @@ graphs (CodecRunner, its kernels and tuned convolutions), each replayed alone.
 For each chunk length the script fits ms = fixed + per_row * bucket over the buckets: `fixed` is
 what every call costs whatever its rows (the decoder's ~1,500 kernels launched one after another),
 `per_row` what each row adds, padding rows included. Those two numbers say when fewer, fuller calls
-or finer buckets pay (docs/PERFORMANCE.md).
+or finer buckets pay.
 
 --parts 1x4,8x32 also times a call's four parts for those rows x frames, each in a CUDA graph of
 its own: the codebooks' sum (VQ decode), the quantizer's post-transformer, its upsampler, the
