@@ -15,9 +15,10 @@ import pybase64
 from pydantic import BaseModel, BeforeValidator, Field
 
 from engine import params as P
+from engine.audio_stream import SAMPLE_RATE_RANGE, SPEED_RANGE, VOLUME_DB_RANGE, OutputSpec
 from engine.params import SamplingParams
 
-AudioFormat = Literal["wav", "pcm", "mp3", "flac", "opus"]
+AudioFormat = Literal["wav", "pcm", "mp3", "flac", "opus", "aac"]
 AUDIO_FORMATS: tuple[str, ...] = AudioFormat.__args__
 
 # The reference treats a str audio longer than 255 characters as base64 (JSON cannot carry bytes).
@@ -39,8 +40,12 @@ def _audio_bytes(value):
     return value
 
 
+# Audio file bytes: raw in msgpack and multipart, base64 in JSON.
+AudioBytes = Annotated[bytes, BeforeValidator(_audio_bytes)]
+
+
 class ReferenceAudio(BaseModel):
-    audio: Annotated[bytes, BeforeValidator(_audio_bytes)] = Field(
+    audio: AudioBytes = Field(
         description="Audio file bytes (wav, mp3, flac, ...); base64 in JSON bodies."
     )
     text: str = Field(description="Transcript of the reference audio.")
@@ -91,32 +96,96 @@ class VoiceFields(BaseModel):
     format: AudioFormat = Field(default="wav", description="Output audio format.")
 
 
-class TTSRequest(SamplingFields, VoiceFields):
+class Prosody(BaseModel):
+    """Fish Audio's prosody: speed (pitch kept) and volume of the output."""
+
+    speed: float = _range(SPEED_RANGE, "speed factor, pitch kept", default=1.0)
+    volume: float = _range(VOLUME_DB_RANGE, "volume change in dB", default=0.0)
+
+
+class OutputFields(BaseModel):
+    """How the audio is delivered (Fish Audio's TTS request fields)."""
+
+    sample_rate: int | None = Field(
+        default=None, ge=SAMPLE_RATE_RANGE[0], le=SAMPLE_RATE_RANGE[1],
+        description="Output sample rate in Hz (resampled); none = 44100 (48000 for opus).",
+    )
+    prosody: Prosody | None = Field(default=None, description="Speed and volume of the output.")
+    latency: Literal["normal", "balanced"] = Field(
+        default="normal",
+        description="Accepted for compatibility with Fish Audio clients: this server streams the same way in both.",
+    )
+
+    def output_spec(self, fmt: str) -> OutputSpec:
+        prosody = self.prosody or Prosody()
+        return OutputSpec(fmt, self.sample_rate, prosody.speed, prosody.volume)
+
+
+class TTSRequest(SamplingFields, VoiceFields, OutputFields):
     text: str = Field(description="Text to speak.")
-    streaming: bool = Field(default=False, description="Send audio as it is produced (wav, pcm).")
+    streaming: bool = Field(
+        default=False,
+        description="Send audio as it is produced (every format). Requests from Fish Audio SDKs (a `model` "
+        "header) stream unless this is false.",
+    )
 
 
 class BatchTTSRequest(SamplingFields, VoiceFields):
     texts: list[str] = Field(min_length=1, description="Texts to speak, one audio file each, same voice.")
 
 
-class SpeechRequest(SamplingFields):
-    """OpenAI's POST /v1/audio/speech. The sampling fields of /v1/tts are accepted too
-    (OpenAI SDKs send them through `extra_body`)."""
+class VoiceId(BaseModel):
+    id: str = Field(description="A saved voice id.")
 
-    model: str = Field(default="s1-mini", description="Accepted for compatibility; one model is served.")
+
+class SpeechRequest(SamplingFields):
+    """OpenAI's POST /v1/audio/speech. The sampling fields of /v1/tts, `references`, `reference_id` and
+    `sample_rate` are accepted too (OpenAI SDKs send them through `extra_body`)."""
+
+    model: str = Field(default="s1-mini", description="A model id from GET /v1/models.")
     input: str = Field(description="Text to speak.")
-    voice: str = Field(
-        default="default", description="A saved voice id, or an OpenAI voice name for the default voice."
+    voice: str | VoiceId = Field(
+        default="default",
+        description="A saved voice id, {\"id\": saved voice id}, or an OpenAI voice name (the voice it is mapped "
+        "to with --openai-voices, else the model's own voice).",
     )
-    response_format: Literal["mp3", "opus", "flac", "wav", "pcm"] = "mp3"
-    speed: float = Field(default=1.0, ge=0.25, le=4.0, description="Only 1.0 is supported.")
-    stream: bool = Field(default=False, description="Send audio as it is produced.")
+    instructions: str | None = Field(
+        default=None,
+        description="Not supported: S1-mini takes tone and emotion from markers in the text, e.g. (excited). "
+        "A non-empty value is refused with 400.",
+    )
+    response_format: Literal["mp3", "opus", "aac", "flac", "wav", "pcm"] = Field(
+        default="mp3", description="pcm is raw 16-bit little-endian mono at 24 kHz, as OpenAI's."
+    )
+    speed: float = _range(SPEED_RANGE, "speed factor, pitch kept", default=1.0)
+    stream_format: Literal["audio", "sse"] = Field(
+        default="audio",
+        description="audio: the audio bytes as they are produced; sse: server-sent events speech.audio.delta "
+        "(base64 audio) and speech.audio.done (usage).",
+    )
+    stream: bool = Field(default=True, description="Accepted for compatibility: responses always stream.")
+    sample_rate: int | None = Field(
+        default=None, ge=SAMPLE_RATE_RANGE[0], le=SAMPLE_RATE_RANGE[1],
+        description="Output sample rate in Hz; none = 24000 for pcm, 44100 otherwise (48000 for opus).",
+    )
+    references: list[ReferenceAudio] = Field(
+        default_factory=list,
+        description="Inline reference clips to clone (then `voice` must be an OpenAI voice name, not a saved voice).",
+    )
+    reference_id: str | None = Field(default=None, description="A saved voice id, instead of `voice`.")
 
 
 class RenameReferenceRequest(BaseModel):
     old_reference_id: str
     new_reference_id: str
+
+
+class AddReferenceRequest(BaseModel):
+    """fish-speech's /v1/references/add body (as JSON or msgpack; multipart sends the same fields)."""
+
+    id: str = Field(description="Voice id: letters, digits, space, - and _")
+    audio: AudioBytes = Field(description="Reference audio file bytes (base64 in JSON).")
+    text: str = Field(description="Transcript of the reference audio.")
 
 
 class DeleteReferenceRequest(BaseModel):

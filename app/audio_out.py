@@ -1,34 +1,24 @@
-"""Turn engine audio into HTTP responses: whole files, or byte streams as chunks arrive.
+"""Turn a synthesis into HTTP responses: a whole file, or bytes streamed as the engine produces them.
 
-Encoding itself lives in engine.audio; this module only picks headers and the streaming framing.
+Speed, volume, sample rate and encoding live in engine.audio_stream; this module runs them off the
+event loop and picks the headers.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 
-import numpy as np
+from starlette.concurrency import run_in_threadpool
 from starlette.responses import Response, StreamingResponse
 
-from engine.audio import MIME_TYPES, encode_audio, to_pcm16_bytes, wav_stream_header
+from engine.audio import MIME_TYPES
+from engine.audio_stream import OutputSpec, encode_stream, encode_whole
 
-from .errors import HTTPProblem
-
-# Formats whose bytes can be sent as each chunk is produced: a WAV header with open length
-# fields followed by 16-bit PCM, or bare PCM. Compressed containers are sent whole.
-STREAMING_FORMATS = ("wav", "pcm")
+from .bridge import first_then_rest, iterate_in_thread
+from .service import StreamStats, Synthesizer, Voice
 
 
-def check_streamable(fmt: str):
-    if fmt not in STREAMING_FORMATS:
-        raise HTTPProblem(
-            400,
-            f"streaming supports the formats {', '.join(STREAMING_FORMATS)}; got {fmt!r}. "
-            "Ask for one of those, or turn streaming off.",
-        )
-
-
-def _headers(fmt: str, sample_rate: int) -> dict[str, str]:
+def audio_headers(fmt: str, sample_rate: int) -> dict[str, str]:
     # Raw PCM carries no header, so say what it is.
     return {
         "Content-Disposition": f"attachment; filename=audio.{fmt}",
@@ -37,33 +27,27 @@ def _headers(fmt: str, sample_rate: int) -> dict[str, str]:
     }
 
 
-def audio_response(samples: np.ndarray, sample_rate: int, fmt: str) -> Response:
-    return Response(
-        encode_audio(samples, sample_rate, fmt),
-        media_type=MIME_TYPES[fmt],
-        headers=_headers(fmt, sample_rate),
+async def whole_audio(synth: Synthesizer, text: str, voice: Voice, params, spec: OutputSpec) -> Response:
+    def render():
+        result = synth.synthesize(text, voice, params)
+        return encode_whole(result.audio, result.sample_rate, spec)
+
+    data, rate = await run_in_threadpool(render)
+    return Response(data, media_type=MIME_TYPES[spec.format], headers=audio_headers(spec.format, rate))
+
+
+async def audio_bytes(
+    synth: Synthesizer, text: str, voice: Voice, params, spec: OutputSpec, stats: StreamStats | None = None
+) -> AsyncIterator[bytes]:
+    """The encoded stream, read on a stream thread. Returns once the first bytes are there, so that
+    an input error still becomes a 4xx before any byte is sent."""
+    stats = stats or StreamStats(synth.sample_rate)
+    return await first_then_rest(
+        iterate_in_thread(lambda: encode_stream(synth.stream(text, voice, params, stats), synth.sample_rate, spec))
     )
 
 
-def pcm16_chunks(chunks: Iterator[np.ndarray]) -> Iterator[bytes]:
-    """Each float chunk as 16-bit PCM bytes, converted on the thread that reads the engine rather than
-    on the event loop, which every stream's bytes and every request's body pass through. Closing this
-    closes `chunks` (that cancels the request in the engine)."""
-    try:
-        for chunk in chunks:
-            yield to_pcm16_bytes(chunk)
-    finally:
-        close = getattr(chunks, "close", None)
-        if close is not None:
-            close()
-
-
-def streaming_audio_response(chunks: AsyncIterator[bytes], sample_rate: int, fmt: str) -> StreamingResponse:
-    """chunks: PCM bytes (pcm16_chunks)."""
-    async def body():
-        if fmt == "wav":
-            yield wav_stream_header(sample_rate)
-        async for chunk in chunks:
-            yield chunk
-
-    return StreamingResponse(body(), media_type=MIME_TYPES[fmt], headers=_headers(fmt, sample_rate))
+async def streamed_audio(synth: Synthesizer, text: str, voice: Voice, params, spec: OutputSpec) -> StreamingResponse:
+    chunks = await audio_bytes(synth, text, voice, params, spec)
+    rate = spec.rate(synth.sample_rate)
+    return StreamingResponse(chunks, media_type=MIME_TYPES[spec.format], headers=audio_headers(spec.format, rate))

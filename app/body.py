@@ -17,6 +17,7 @@ M = TypeVar("M", bound=BaseModel)
 JSON = "application/json"
 MSGPACK = "application/msgpack"
 MULTIPART = "multipart/form-data"
+FORM = "application/x-www-form-urlencoded"  # a form without files; read as multipart is
 BODY_TYPES = (JSON, MSGPACK, MULTIPART)
 
 # Multipart has no nesting: inline references come as repeated file parts and transcripts.
@@ -58,7 +59,7 @@ async def read_body(request: Request, model: type[M]) -> M:
             data = ormsgpack.unpackb(await request.body())
         except (ormsgpack.MsgpackDecodeError, ValueError) as e:
             raise HTTPProblem(400, f"the body is not valid msgpack: {e}") from None
-    elif kind == MULTIPART:
+    elif kind in (MULTIPART, FORM):
         data = await _form_fields(request)
     else:
         shown = kind or "none"
@@ -77,7 +78,11 @@ async def _form_fields(request: Request) -> dict:
         form = await request.form()
     except Exception as e:  # malformed multipart: the parser's message is the useful part
         raise HTTPProblem(400, f"the multipart body could not be read: {e}") from None
-    data = {k: v for k, v in form.items() if k not in (REFERENCE_AUDIO_PART, REFERENCE_TEXT_PART)}
+    data = {
+        k: await read_upload(v) if isinstance(v, UploadFile) else v
+        for k, v in form.items()
+        if k not in (REFERENCE_AUDIO_PART, REFERENCE_TEXT_PART)
+    }
     audios = form.getlist(REFERENCE_AUDIO_PART)
     texts = form.getlist(REFERENCE_TEXT_PART)
     if len(audios) != len(texts):

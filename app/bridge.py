@@ -14,6 +14,8 @@ import threading
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import TypeVar
 
+from .errors import problem_for
+
 T = TypeVar("T")
 
 _ITEM, _ERROR, _END = range(3)
@@ -83,6 +85,28 @@ class StreamThreads:
 
 
 STREAM_THREADS = StreamThreads()
+
+
+async def first_then_rest(chunks: AsyncIterator[T]) -> AsyncIterator[T]:
+    """Waits for the first item so that input errors still become a 4xx before any byte is sent;
+    an error after that ends the stream and is logged (the headers are gone)."""
+    try:
+        first = await chunks.__anext__()
+    except StopAsyncIteration:
+        first = None
+
+    async def rest():
+        try:
+            if first is not None:
+                yield first
+            async for chunk in chunks:
+                yield chunk
+        except Exception as e:
+            log.error("stream ended early: %s", problem_for(e).message)
+        finally:
+            await chunks.aclose()
+
+    return rest()
 
 
 async def iterate_in_thread(make_iterator: Callable[[], Iterator[T]]) -> AsyncIterator[T]:

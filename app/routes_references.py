@@ -1,42 +1,37 @@
 """Saved voices over REST: the reference server's /v1/references/* routes and answers.
 
 The same VoiceStore backs the UI's voice tab, so a voice saved in one place shows in the other.
-Answers are JSON, or msgpack when the client sends `Accept: application/msgpack`.
+Bodies are JSON, msgpack or multipart; answers are negotiated as fish-speech does (app.negotiation).
 """
 
 from __future__ import annotations
 
-import ormsgpack
-from fastapi import APIRouter, File, Form, Request, UploadFile
+from fastapi import APIRouter, Request
 from starlette.concurrency import run_in_threadpool
-from starlette.responses import JSONResponse, Response
 
-from .api_schema import DeleteReferenceRequest, RenameReferenceRequest
-from .body import BODY_TYPES, MSGPACK, read_body, validate
+from .api_schema import AddReferenceRequest, DeleteReferenceRequest, RenameReferenceRequest
+from .body import BODY_TYPES, read_body, validate
+from .negotiation import documented
+from .negotiation import negotiated as _answer
 from .openapi import request_body
-
-
-def _answer(request: Request, body: dict) -> Response:
-    if MSGPACK in request.headers.get("accept", ""):
-        return Response(ormsgpack.packb(body), media_type=MSGPACK)
-    return JSONResponse(body)
 
 
 def build_router(voices) -> APIRouter:
     router = APIRouter(prefix="/v1/references", tags=["voices"])
 
-    @router.post("/add", summary="Save a voice: a reference clip and its transcript")
-    async def add(
-        request: Request,
-        id: str = Form(description="Voice id: letters, digits, space, - and _"),  # noqa: A002 (reference's field name)
-        audio: UploadFile = File(description="Reference audio file"),
-        text: str = Form(description="Transcript of the reference audio"),
-    ):
-        data = await audio.read()
-        await run_in_threadpool(voices.add, id, data, text)
-        return _answer(request, {"success": True, "message": f"voice {id!r} saved", "reference_id": id})
+    @router.post(
+        "/add",
+        summary="Save a voice: a reference clip and its transcript",
+        openapi_extra=request_body(AddReferenceRequest, BODY_TYPES),
+        responses=documented(),
+    )
+    async def add(request: Request):
+        """Multipart (an `audio` file part), JSON (`audio` base64-encoded) or msgpack (`audio` bytes)."""
+        req = await read_body(request, AddReferenceRequest)
+        await run_in_threadpool(voices.add, req.id, req.audio, req.text)
+        return _answer(request, {"success": True, "message": f"voice {req.id!r} saved", "reference_id": req.id})
 
-    @router.get("/list", summary="Saved voice ids, sorted")
+    @router.get("/list", summary="Saved voice ids, sorted", responses=documented())
     async def list_voices(request: Request):
         ids = await run_in_threadpool(voices.list)
         return _answer(request, {"success": True, "reference_ids": sorted(ids), "message": "Success"})
@@ -45,6 +40,7 @@ def build_router(voices) -> APIRouter:
         "/delete",
         summary="Delete a saved voice",
         openapi_extra=request_body(DeleteReferenceRequest, BODY_TYPES),
+        responses=documented(),
     )
     async def delete(request: Request):
         """The id comes in the body, or as the query parameter `reference_id`."""
@@ -60,6 +56,7 @@ def build_router(voices) -> APIRouter:
         "/update",
         summary="Rename a saved voice",
         openapi_extra=request_body(RenameReferenceRequest, BODY_TYPES),
+        responses=documented(),
     )
     async def rename(request: Request):
         req = await read_body(request, RenameReferenceRequest)

@@ -1,96 +1,63 @@
-"""POST /v1/tts (fish-speech schema), /v1/audio/speech (OpenAI) and /v1/tts/batch."""
+"""POST /v1/tts (fish-speech's and Fish Audio's schema) and /v1/tts/batch."""
 
 from __future__ import annotations
 
 import base64
 import logging
 import numbers
-from collections.abc import AsyncIterator
-
 import ormsgpack
 from fastapi import APIRouter, Request
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import JSONResponse, Response
 
-from engine.audio import encode_audio
-from engine.errors import VoiceNotFoundError
+from engine.audio import MIME_TYPES, encode_audio
 from engine.facade import SynthesisResult
-from engine.params import SamplingParams
 
-from .api_schema import BatchTTSRequest, SpeechRequest, TTSRequest
-from .audio_out import audio_response, check_streamable, pcm16_chunks, streaming_audio_response
+from .api_schema import AUDIO_FORMATS, BatchTTSRequest, TTSRequest
+from .audio_out import streamed_audio, whole_audio
 from .body import BODY_TYPES, JSON, MSGPACK, read_body
-from .bridge import iterate_in_thread
 from .errors import HTTPProblem, problem_for
 from .openapi import request_body
-from .service import StreamStats, Synthesizer, Voice
+from .service import Synthesizer, Voice
 from .settings import AppSettings
 
 log = logging.getLogger("app")
 
-# OpenAI clients always name a voice; these names mean "the default voice" unless saved here.
-OPENAI_VOICE_NAMES = frozenset(
-    "default alloy ash ballad coral echo fable onyx nova sage shimmer verse marin cedar".split()
-)
+# Fish Audio's SDKs name a model in this header on every request; their answers stream.
+FISH_MODEL_HEADER = "model"
+FISH_MODELS = ("s1", "s1-mini", "openaudio-s1-mini", "s2-pro", "speech-1.5", "speech-1.6")
 
 
-async def _first_then_rest(chunks: AsyncIterator) -> AsyncIterator:
-    """Waits for the first chunk so that input errors still become a 4xx before any byte is sent."""
-    try:
-        first = await chunks.__anext__()
-    except StopAsyncIteration:
-        first = None
-
-    async def rest():
-        try:
-            if first is not None:
-                yield first
-            async for chunk in chunks:
-                yield chunk
-        except Exception as e:  # headers are gone: all we can do is end the stream and log
-            log.error("stream ended early: %s", problem_for(e).message)
-        finally:
-            await chunks.aclose()
-
-    return rest()
+def _streams(request: Request, req: TTSRequest) -> bool:
+    """`streaming` when given; otherwise what the client expects: Fish Audio's API streams."""
+    model = request.headers.get(FISH_MODEL_HEADER)
+    if model is not None and model not in FISH_MODELS:
+        raise HTTPProblem(400, f"model header {model!r} is not served here; send one of {', '.join(FISH_MODELS)} "
+                          "(each is answered by S1-mini)")
+    if "streaming" in req.model_fields_set:
+        return req.streaming
+    return model is not None
 
 
 def build_router(synth: Synthesizer, settings: AppSettings) -> APIRouter:
     router = APIRouter(prefix="/v1", tags=["speech"])
 
-    async def speak(text: str, voice: Voice, params: SamplingParams, fmt: str, streaming: bool) -> Response:
-        if not streaming:
-            result = await run_in_threadpool(synth.synthesize, text, voice, params)
-            return audio_response(result.audio, result.sample_rate, fmt)
-        check_streamable(fmt)
-        stats = StreamStats(synth.sample_rate)
-        chunks = await _first_then_rest(iterate_in_thread(lambda: pcm16_chunks(synth.stream(text, voice, params, stats))))
-        return streaming_audio_response(chunks, synth.sample_rate, fmt)
-
     @router.post(
         "/tts",
-        summary="Text to speech (fish-speech ServeTTSRequest)",
+        summary="Text to speech (fish-speech ServeTTSRequest, Fish Audio's TTS request)",
         response_class=Response,
         openapi_extra=request_body(TTSRequest, BODY_TYPES),
-        responses={200: {"content": {"audio/wav": {}}, "description": "Audio in the requested format."}},
+        responses={200: {"content": {MIME_TYPES[f]: {} for f in AUDIO_FORMATS}, "description": "Audio in `format`."}},
     )
     async def tts(request: Request):
         """JSON, msgpack or multipart body. In multipart, inline references are repeated
         `reference_audio` file parts, each with a `reference_text` part in the same order."""
         req = await read_body(request, TTSRequest)
-        return await speak(req.text, Voice.of(req), req.sampling_params(), req.format, req.streaming)
-
-    @router.post(
-        "/audio/speech",
-        summary="Text to speech (OpenAI-compatible)",
-        response_class=Response,
-        responses={200: {"content": {"audio/mpeg": {}}, "description": "Audio in response_format."}},
-    )
-    async def openai_speech(body: SpeechRequest):
-        if body.speed != 1.0:
-            raise HTTPProblem(400, "speed other than 1.0 is not supported by this model")
-        voice = await run_in_threadpool(_openai_voice, synth.engine.voices, body.voice)
-        return await speak(body.input, voice, body.sampling_params(), body.response_format, body.stream)
+        spec = req.output_spec(req.format)
+        voice, params = Voice.of(req), req.sampling_params()
+        if _streams(request, req):
+            return await streamed_audio(synth, req.text, voice, params, spec)
+        return await whole_audio(synth, req.text, voice, params, spec)
 
     @router.post(
         "/tts/batch",
@@ -112,14 +79,6 @@ def build_router(synth: Synthesizer, settings: AppSettings) -> APIRouter:
         return JSONResponse(body)
 
     return router
-
-
-def _openai_voice(store, name: str) -> Voice:
-    if store.exists(name):
-        return Voice(voice_id=name)
-    if name.lower() in OPENAI_VOICE_NAMES:
-        return Voice()
-    raise VoiceNotFoundError(f"voice {name!r} is not a saved voice; saved voices: {', '.join(store.list()) or 'none'}")
 
 
 def _batch_item(index: int, result: SynthesisResult | Exception, fmt: str, raw_bytes: bool) -> dict:

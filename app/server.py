@@ -10,11 +10,21 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.middleware.cors import CORSMiddleware
 from starlette.responses import JSONResponse, RedirectResponse
 
 from engine.errors import S1Error
 
-from . import openapi, routes_references, routes_system, routes_tts
+from . import (
+    openapi,
+    routes_live,
+    routes_openai,
+    routes_references,
+    routes_system,
+    routes_tts,
+    routes_unsupported,
+    routes_vqgan,
+)
 from .auth import UI_LOGIN_MESSAGE, ApiKeyGuard
 from .body import describe
 from .bridge import STREAM_THREADS
@@ -24,7 +34,7 @@ from .middleware import BodySizeLimit, RequestMetrics
 from .service import Synthesizer
 from .settings import AppSettings
 
-OPENAI_PREFIX = "/v1/audio/"
+OPENAI_PREFIXES = routes_openai.openai_error_paths()
 
 
 def create_app(engine, settings: AppSettings | None = None) -> FastAPI:
@@ -46,12 +56,26 @@ def create_app(engine, settings: AppSettings | None = None) -> FastAPI:
     _add_error_handlers(app)
     app.add_middleware(RequestMetrics, metrics=metrics)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_mb * 2**20)
+    if settings.cors_origins:
+        # Outermost: preflights are answered before the routes, and error answers carry the headers too.
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=list(settings.cors_origins),
+            allow_methods=["*"],
+            allow_headers=["*"],
+            expose_headers=["Content-Disposition", "X-Sample-Rate", "X-Audio-Format", "Retry-After"],
+            max_age=600,
+        )
     _add_docs(app, guard)
 
     protected = [Depends(guard)]
     app.include_router(routes_system.build_router(engine, metrics, guard))
     app.include_router(routes_tts.build_router(synth, settings), dependencies=protected)
+    app.include_router(routes_openai.build_router(synth, settings), dependencies=protected)
     app.include_router(routes_references.build_router(engine.voices), dependencies=protected)
+    app.include_router(routes_vqgan.build_router(engine), dependencies=protected)
+    app.include_router(routes_live.build_router(synth, guard))
+    app.include_router(routes_unsupported.build_router(), dependencies=protected)
     openapi.install(app, bearer_auth=settings.api_key is not None)
 
     if not settings.ui:
@@ -86,7 +110,7 @@ def _mount_ui(app: FastAPI, synth: Synthesizer, settings: AppSettings, metrics: 
 
 def _add_error_handlers(app: FastAPI):
     def respond(request: Request, problem: Problem) -> JSONResponse:
-        openai_style = request.url.path.startswith(OPENAI_PREFIX)
+        openai_style = request.url.path.startswith(OPENAI_PREFIXES)
         return JSONResponse(error_body(problem, openai_style), status_code=problem.status, headers=problem.headers)
 
     @app.exception_handler(RequestValidationError)

@@ -21,6 +21,10 @@ class AppSettings:
     # Threads for streamed API responses started with the app (app/bridge.StreamThreads); launch.py
     # asks for as many as the engine takes requests at once. More start when needed.
     stream_threads: int = 0
+    # Browser origins allowed to call the API from their pages (CORS); none by default, "*" for any.
+    cors_origins: tuple[str, ...] = ()
+    # OpenAI voice name -> saved voice id for /v1/audio/speech; unmapped names speak in the model's own voice.
+    openai_voices: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self):
         if self.api_key is not None and not self.api_key.strip():
@@ -29,3 +33,24 @@ class AppSettings:
             raise ValueError("max_batch_items, ui_concurrency and max_body_mb must be at least 1")
         if self.stream_threads < 0:
             raise ValueError("stream_threads must not be negative")
+        for origin in self.cors_origins:
+            if origin != "*" and not origin.startswith(("http://", "https://")):
+                raise ValueError(f"CORS origin {origin!r} must be * or start with http:// or https://")
+        if self.openai_voices:
+            object.__setattr__(self, "openai_voices", {k.lower(): v for k, v in self.openai_voices.items()})
+
+
+def parse_openai_voices(text: str) -> dict[str, str]:
+    """'alloy=narrator,nova=my voice' -> {'alloy': 'narrator', 'nova': 'my voice'}."""
+    mapping = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        name, sep, voice = item.partition("=")
+        if not sep or not name.strip() or not voice.strip():
+            raise ValueError(f"--openai-voices takes NAME=SAVED_VOICE pairs separated by commas, got {item!r}")
+        mapping[name.strip().lower()] = voice.strip()
+    return mapping
+
+
+def parse_origins(text: str) -> tuple[str, ...]:
+    """'https://a.example, https://b.example' -> both; '*' allows any origin."""
+    return tuple(o.strip().rstrip("/") for o in text.split(",") if o.strip())

@@ -1,8 +1,9 @@
 """Audio in and out: load reference clips as 44.1 kHz mono float32, encode output for the API.
 
-Reading tries soundfile first (WAV, FLAC, OGG, MP3 in-process) and falls back to ffmpeg through
-pydub for containers libsndfile does not know (m4a, webm from browser recordings, ...). Writing uses
-soundfile (s1-mini ecosystem notes §7) and needs ffmpeg only where an old libsndfile lacks MP3/Opus.
+Reading tries soundfile first (WAV, FLAC, OGG, MP3 in-process) and falls back to ffmpeg (the one
+engine/ffmpeg.py finds) for containers libsndfile does not know (m4a, webm from browser recordings,
+...). Writing uses soundfile (s1-mini ecosystem notes §7) and needs ffmpeg, through pydub, only where
+an old libsndfile lacks MP3/Opus.
 """
 
 from __future__ import annotations
@@ -10,7 +11,6 @@ from __future__ import annotations
 import io
 import math
 import os
-import shutil
 import struct
 from pathlib import Path
 from typing import Union
@@ -20,6 +20,7 @@ import soundfile as sf
 import soxr
 
 from .errors import InputError
+from .ffmpeg import FfmpegError, ffmpeg_available, to_wav
 
 SAMPLE_RATE = 44100
 MIN_SECONDS = 0.5
@@ -27,27 +28,23 @@ SILENCE_DBFS = -60.0  # a clip whose peak is below this holds no usable speech
 
 AudioSource = Union[bytes, bytearray, memoryview, str, os.PathLike, tuple]
 
-OUTPUT_FORMATS = ("wav", "pcm", "flac", "mp3", "opus")
+OUTPUT_FORMATS = ("wav", "pcm", "flac", "mp3", "opus", "aac")
 MIME_TYPES = {
     "wav": "audio/wav",
     "pcm": "audio/pcm",  # raw 16-bit little-endian mono at the engine's sample rate
     "flac": "audio/flac",
     "mp3": "audio/mpeg",
     "opus": "audio/ogg",
+    "aac": "audio/aac",  # ADTS
 }
 OPUS_RATES = (8000, 12000, 16000, 24000, 48000)  # the only rates Opus accepts
 
-_FFMPEG_FORMATS = {"mp3": {"format": "mp3"}, "opus": {"format": "ogg", "codec": "libopus"}}
-
-
-def ffmpeg_available() -> bool:
-    """Whether the ffmpeg and ffprobe programs that pydub runs are on PATH."""
-    return shutil.which("ffmpeg") is not None and shutil.which("ffprobe") is not None
+_FFMPEG_FORMATS = {"mp3": {"format": "mp3"}, "opus": {"format": "ogg", "codec": "libopus"}, "aac": {"format": "adts"}}
 
 
 def ffmpeg_missing_message(what: str) -> str:
     return (
-        f"{what} needs ffmpeg, which is not installed or not on PATH. Install it (Linux: "
+        f"{what} needs ffmpeg, which is not installed. Install it (`pip install imageio-ffmpeg`, or Linux: "
         "`apt-get install ffmpeg`, macOS: `brew install ffmpeg`, Windows: `winget install ffmpeg`) "
         "or use WAV or FLAC instead."
     )
@@ -142,21 +139,16 @@ def _decode_ffmpeg(handle, label: str, max_seconds: float | None) -> tuple[np.nd
             f"{label} is not WAV, FLAC, OGG or MP3, and "
             + ffmpeg_missing_message("reading other formats (m4a, webm, ...)")
         )
-    from pydub import AudioSegment  # imported late: it warns at import time when ffmpeg is absent
-
     # Decode one second past the limit at most: enough to tell that the clip is too long.
     duration = None if max_seconds is None else max_seconds + 1.0
     try:
-        segment = AudioSegment.from_file(handle, duration=duration)
-    except Exception as exc:  # pydub raises many types for bad input (CouldntDecodeError, IndexError, ...)
-        reason = str(exc).strip().splitlines()[-1][:200] if str(exc).strip() else type(exc).__name__
+        wav = to_wav(handle.getvalue() if isinstance(handle, io.BytesIO) else handle, duration)
+    except FfmpegError as exc:
         raise InputError(
-            f"cannot read {label}: it is corrupt or not an audio file ({reason}). "
-            "Use WAV, FLAC, MP3, OGG, M4A or WEBM."
+            f"cannot read {label}: it is corrupt or not an audio file ({exc}). Use WAV, FLAC, MP3, OGG, M4A or WEBM."
         ) from None
-    samples = np.array(segment.get_array_of_samples(), dtype=np.float32)
-    scale = float(2 ** (8 * segment.sample_width - 1))
-    return samples.reshape(-1, segment.channels) / scale, segment.frame_rate
+    with sf.SoundFile(io.BytesIO(wav)) as decoded:
+        return decoded.read(dtype="float32", always_2d=True), decoded.samplerate
 
 
 def _to_engine_samples(frames: np.ndarray, rate: int, label: str, max_seconds: float | None) -> np.ndarray:
@@ -255,6 +247,8 @@ def encode_audio(samples: np.ndarray, sample_rate: int, fmt: str) -> bytes:
         return pcm.astype("<i2").tobytes()
     if fmt in ("wav", "flac"):
         return _soundfile_bytes(pcm, sample_rate, fmt.upper(), "PCM_16")
+    if fmt == "aac":  # libsndfile has no AAC
+        return _ffmpeg_bytes(pcm, sample_rate, fmt)
     floats = pcm.astype(np.float32) / 32767.0  # the clipped signal, so all formats agree
     if fmt == "opus" and sample_rate not in OPUS_RATES:
         floats = soxr.resample(floats, sample_rate, 48000, quality="HQ")

@@ -5,6 +5,10 @@
 - CPU and MPS: eager, no graphs.
 Compiled artefacts (Inductor FX graphs, AOT autograd, Triton kernels) persist under the cache dir,
 so a restart with a warm cache does not recompile.
+
+Every Inductor, Dynamo and functorch setting made here is looked up first (supported_settings): torch
+adds, renames and drops them between releases, and a setting this torch lacks is skipped with one
+debug line, so the compiled step still runs, without that tuning.
 """
 
 from __future__ import annotations
@@ -73,12 +77,14 @@ class CompilePolicy:
         than one row (prefill, batched decode) into aten._weight_int8pack_mm, whose CUDA kernel is
         ~10x slower than casting the weights and calling cuBLAS (prefill of 280 positions: 278 ms
         instead of 21 ms on an H100, measured)."""
+        import torch._inductor.config as inductor_config
+
         options = {"max_autotune": True, "coordinate_descent_tuning": True} if self.mode == "max-autotune" else {}
-        if self.pdl and _inductor_has_pdl():
+        if self.pdl:
             options["triton.enable_pdl"] = True
         if self.int8_weights:
             options["pattern_matcher"] = False
-        return options
+        return supported_settings(inductor_config, options)
 
     def inductor_backend(self):
         """torch.compile backend of the compiled regions: Inductor with single-row matmuls decomposed."""
@@ -118,10 +124,54 @@ def pdl_available(device: torch.device) -> bool:
     return device.type == "cuda" and pdl_requested() and _has_pdl(device.index or 0)
 
 
-def _inductor_has_pdl() -> bool:
-    import torch._inductor.config as inductor_config
+def has_setting(config, key: str) -> bool:
+    """Whether a torch config module (torch._inductor.config, torch._dynamo.config, ...) has the
+    setting `key`, dotted for nested ones ("triton.enable_pdl")."""
+    node = config
+    for part in key.split("."):
+        try:
+            node = getattr(node, part)
+        except AttributeError:
+            return False
+    return True
 
-    return hasattr(inductor_config.triton, "enable_pdl")
+
+@functools.cache
+def _skipped(config_name: str, key: str) -> None:
+    """Logs once per setting and process: the policy's options are read at every compile."""
+    logger.debug("torch {} has no {}.{}: skipped (compiles without it)", torch.__version__, config_name, key)
+
+
+def supported_settings(config, settings: dict) -> dict:
+    """The settings this torch's `config` module has; each one it lacks is left out (one debug line)."""
+    kept = {}
+    for key, value in settings.items():
+        if has_setting(config, key):
+            kept[key] = value
+        else:
+            _skipped(config.__name__, key)
+    return kept
+
+
+def apply_settings(config, settings: dict) -> None:
+    """Set each setting this torch's `config` module has; skip the others (supported_settings)."""
+    for key, value in supported_settings(config, settings).items():
+        *groups, name = key.split(".")
+        node = config
+        for group in groups:
+            node = getattr(node, group)
+        setattr(node, name, value)
+
+
+def raise_recompile_limit(limit: int) -> None:
+    """Dynamo's recompiles per function at least `limit` (every batch size and chunk length of one
+    compiled function counts against it), where this torch has the setting."""
+    import torch._dynamo.config as dynamo_config
+
+    if has_setting(dynamo_config, "recompile_limit"):
+        dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, limit)
+    else:
+        _skipped(dynamo_config.__name__, "recompile_limit")
 
 
 def single_row_matmul(a: torch.Tensor, b: torch.Tensor):
@@ -198,14 +248,9 @@ def configure_caches(cache_root: Path) -> dict[str, str]:
             os.environ[var] = path
         Path(os.environ[var]).mkdir(parents=True, exist_ok=True)
     _pin_ptxas()
+    import torch._functorch.config as functorch_config
     import torch._inductor.config as inductor_config
 
-    inductor_config.fx_graph_cache = True
-    inductor_config.autotune_local_cache = True
-    try:
-        import torch._functorch.config as functorch_config
-
-        functorch_config.enable_autograd_cache = True
-    except (ImportError, AttributeError):
-        pass
+    apply_settings(inductor_config, {"fx_graph_cache": True, "autotune_local_cache": True})
+    apply_settings(functorch_config, {"enable_autograd_cache": True})
     return {var: os.environ[var] for var in dirs}

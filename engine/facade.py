@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterator, Sequence
 
 import numpy as np
+import torch
 from loguru import logger
 
 from . import compilation
@@ -156,6 +157,41 @@ class TTSEngine:
             for future in [pool.submit(run, i) for i in range(len(texts))]:
                 future.result()  # re-raises what is not the item's own fault (e.g. the engine is closed)
         return results
+
+    # ---- codec: audio <-> codes (fish-speech's /v1/vqgan routes) -------------------------------
+
+    def encode_codes(self, audio) -> np.ndarray:
+        """An audio file's codec codes, (num_codebooks, frames) int: the reference encoder's, cached by
+        content like every reference clip's."""
+        samples, key = self._decoded_clips.get(audio)
+        codes = self.reference_cache.cached_copy(key)
+        if codes is None:
+            codes = self._worker.call(lambda: self._synthesizer.reference_encoder.encode(samples))
+            self.reference_cache.put(key, codes)
+        return codes.numpy()
+
+    def decode_codes(self, codes) -> np.ndarray:
+        """Float32 audio at sample_rate of (num_codebooks, frames) codec codes."""
+        codec = self.models.codec
+        config = codec.config
+        codes = np.asarray(codes)
+        if codes.ndim != 2 or codes.shape[0] != config.num_codebooks or codes.shape[1] == 0:
+            raise InputError(f"codes must be {config.num_codebooks} rows of equal length (one per codebook) with at "
+                             f"least one frame, got shape {codes.shape}")
+        limits = [config.semantic_codebook_size] + [config.residual_codebook_size] * (config.num_codebooks - 1)
+        for row, limit in enumerate(limits):
+            if codes[row].min() < 0 or codes[row].max() >= limit:
+                raise InputError(f"codebook {row}'s codes must be in 0..{limit - 1}")
+        limit = self._synthesizer.capacity
+        if codes.shape[1] > limit:
+            raise InputError(f"{codes.shape[1]} frames is over this server's limit of {limit}; decode fewer at a time")
+        tensor = torch.from_numpy(codes.astype(np.int64))[None]
+
+        def decode():
+            with torch.inference_mode():
+                return codec.decode(tensor.to(self.models.placement.device))[0, 0].float().cpu().numpy()
+
+        return self._worker.call(decode)
 
     def prepare(self) -> float:
         """Compile and capture what one running request needs (on the worker thread, which owns

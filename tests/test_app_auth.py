@@ -63,7 +63,7 @@ def test_routes_refuse_a_missing_or_wrong_key(http, method, path, headers):
 
 def test_right_key_opens_the_api(http):
     assert http.get("/ready", headers=GOOD).status_code == 200
-    assert http.get("/v1/references/list", headers=GOOD).json()["success"] is True
+    assert http.get("/v1/references/list?format=json", headers=GOOD).json()["success"] is True
     assert "s1mini_requests_total" in http.get("/metrics", headers=GOOD).text
     r = http.post("/v1/tts", headers=GOOD, json={"text": "Authorized speech.", **FAST})
     assert r.status_code == 200

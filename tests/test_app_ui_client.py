@@ -3,6 +3,7 @@ buttons make, with readable errors, and saved voices shared with the REST API.""
 
 from __future__ import annotations
 
+import os
 import sys
 import zipfile
 from pathlib import Path
@@ -147,13 +148,37 @@ def test_system_shows_the_engine(client):
         assert words in text
 
 
-def test_without_ffmpeg_the_ui_returns_whole_clips(tmp_path):
-    # As on a Windows machine without ffmpeg: PATH holds python only, so Gradio cannot stream.
+def python_only_path(tmp_path) -> dict[str, str]:
+    """As on a Windows machine after the quickstart: no ffmpeg on PATH, which holds python only."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "python").symlink_to(sys.executable)
-    with DemoServer(tmp_path, env={"PATH": str(bin_dir)}) as server:
-        assert "ffmpeg not found" in server.log_tail()
+    return {"PATH": str(bin_dir), "XDG_CACHE_HOME": str(tmp_path / "user-cache")}
+
+
+def test_with_no_ffmpeg_on_path_the_ui_streams_through_the_wheels_ffmpeg(tmp_path):
+    with DemoServer(tmp_path, env=python_only_path(tmp_path)) as server:
+        assert "ffmpeg: " in server.log_tail() and "(from the imageio-ffmpeg wheel; none on PATH)" in server.log_tail()
+        client = Client(server.url, verbose=False)
+        job = speak(client, "Streaming with the wheel's ffmpeg.")
+        outputs = list(job)
+        _, download, _ = job.result()
+        client.close()
+    assert len(outputs) >= 2, "expected a streamed chunk before the final output"
+    assert outputs[0][0].endswith(".m3u8"), outputs[0]  # Gradio's stream playlist: ffmpeg encoded it
+    assert_audio(Path(download).read_bytes())
+    assert "Traceback" not in server.log_tail()
+
+
+def test_without_any_ffmpeg_the_ui_returns_whole_clips(tmp_path):
+    # No ffmpeg on PATH and the imageio-ffmpeg wheel missing (an import of it fails): Gradio cannot stream.
+    blocker = tmp_path / "no-wheel" / "imageio_ffmpeg"
+    blocker.mkdir(parents=True)
+    (blocker / "__init__.py").write_text("raise ImportError('imageio_ffmpeg is blocked in this test')\n")
+    path = os.pathsep.join(filter(None, [str(blocker.parent), os.environ.get("PYTHONPATH")]))
+    env = {**python_only_path(tmp_path), "PYTHONPATH": path}
+    with DemoServer(tmp_path, env=env) as server:
+        assert "no ffmpeg: not on PATH and the imageio-ffmpeg wheel is not installed" in server.log_tail()
         client = Client(server.url, verbose=False)
         audio, download, _ = client.predict("No ffmpeg here.", "<none>", None, "", **SAMPLING, api_name="/speak")
         client.close()

@@ -158,23 +158,60 @@ def test_system_tab_says_while_larger_batches_are_still_being_captured(tmp_path)
     assert "2 only: capturing a larger batch's graphs failed (see the log)" in system_text(False)
 
 
-def test_pcm16_chunks_converts_each_chunk_and_closing_it_closes_the_engine_stream():
+@pytest.mark.parametrize("fmt", ["pcm", "mp3"])  # in-process, and through ffmpeg's feeder thread
+def test_encode_stream_closing_it_closes_the_engine_stream(fmt):
+    import threading
+
     import numpy as np
 
-    from app.audio_out import pcm16_chunks
     from engine.audio import to_pcm16_bytes
+    from engine.audio_stream import OutputSpec, encode_stream
 
-    closed = []
+    closed = threading.Event()
 
     def engine_stream():
         try:
-            for value in (0.25, -0.5, 0.75):
-                yield np.full(3, value, dtype=np.float32)
+            while True:
+                yield np.full(4410, 0.25, dtype=np.float32)
         finally:
-            closed.append(True)
+            closed.set()
 
-    chunks = pcm16_chunks(engine_stream())
-    assert next(chunks) == to_pcm16_bytes(np.full(3, 0.25, dtype=np.float32))
-    chunks.close()  # the listener went away after the first chunk
-    assert closed == [True]
-    assert list(pcm16_chunks(iter([np.zeros(2, dtype=np.float32)]))) == [b"\x00" * 4]  # no close(): fine
+    chunks = encode_stream(engine_stream(), 44100, OutputSpec(fmt))
+    first = next(chunks)
+    if fmt == "pcm":
+        assert first == to_pcm16_bytes(np.full(4410, 0.25, dtype=np.float32))
+    chunks.close()  # the listener went away
+    assert closed.wait(timeout=30)
+
+
+def test_encode_stream_raises_the_sources_first_error_before_any_bytes():
+    from engine.audio_stream import OutputSpec, encode_stream
+    from engine.errors import InputError
+
+    def failing():
+        raise InputError("text is empty")
+        yield  # a generator
+
+    with pytest.raises(InputError, match="empty"):
+        next(encode_stream(failing(), 44100, OutputSpec("mp3")))
+
+
+@pytest.mark.parametrize("speed, chain", [(1.5, "atempo=1.5"), (4.0, "atempo=2,atempo=2"),
+                                          (0.25, "atempo=0.5,atempo=0.5"), (3.0, "atempo=2,atempo=1.5")])
+def test_atempo_chain_keeps_each_filter_in_range(speed, chain):
+    from engine.audio_stream import atempo_chain
+
+    assert atempo_chain(speed) == chain
+
+
+@pytest.mark.parametrize("buffer, ready, rest", [
+    ("Hello there, ", "", "Hello there, "),
+    ("First one. Second", "First one.", " Second"),
+    ("Done! Really?", "Done! Really?", ""),
+    ("Version 2.5 is out", "", "Version 2.5 is out"),  # a dot inside a number ends nothing
+    ("你好。再见", "你好。", "再见"),
+])
+def test_live_session_speaks_complete_sentences(buffer, ready, rest):
+    from app.routes_live import split_complete
+
+    assert split_complete(buffer, 200) == (ready, rest)

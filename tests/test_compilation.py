@@ -52,8 +52,11 @@ def test_cpu_and_mps_run_eager_whatever_is_asked(device, mode):
     assert device in policy.reason
 
 
+import torch._dynamo.config as dynamo_config  # noqa: E402
+import torch._inductor.config as inductor_config  # noqa: E402
+
 # On by default where this torch's Inductor has the setting (it applies it on compute capability 9.0+ only).
-PDL = {"triton.enable_pdl": True} if compilation._inductor_has_pdl() else {}
+PDL = {"triton.enable_pdl": True} if compilation.has_setting(inductor_config, "triton.enable_pdl") else {}
 
 
 @pytest.fixture(autouse=True)
@@ -70,6 +73,52 @@ def test_our_kernels_use_pdl_on_nvidia_hopper_and_newer_only(monkeypatch, hip, c
     assert compilation._has_pdl.__wrapped__(0) is expected
 
 
+@pytest.fixture
+def debug_lines():
+    from loguru import logger
+
+    lines: list[str] = []
+    sink = logger.add(lambda message: lines.append(message.record["message"]), level="DEBUG")
+    compilation._skipped.cache_clear()
+    yield lines
+    logger.remove(sink)
+    compilation._skipped.cache_clear()
+
+
+def test_a_setting_this_torch_lacks_is_skipped_with_one_debug_line(debug_lines, monkeypatch):
+    """As on a torch that dropped or renamed a setting the policy asks for: the others still apply."""
+    monkeypatch.delattr(inductor_config, "pattern_matcher")  # gone from this torch, as far as the policy sees
+    policy = decide("auto", CUDA, LINUX_TRITON, compile_mode="max-autotune", quantize="int8")
+    for _ in range(3):  # read at every compile: logged once
+        assert policy.inductor_options == {"coordinate_descent_tuning": True, "max_autotune": True, **PDL}
+    assert debug_lines == [f"torch {torch.__version__} has no torch._inductor.config.pattern_matcher: skipped "
+                           "(compiles without it)"]
+
+
+def test_settings_are_found_nested_and_missing_ones_never_raise(debug_lines):
+    assert compilation.has_setting(inductor_config, "triton.cudagraphs")
+    assert not compilation.has_setting(inductor_config, "triton.no_such_setting")
+    assert not compilation.has_setting(inductor_config, "no_such_group.setting")
+    wanted = {"triton.no_such_setting": 1, "no_such_setting": 2, "max_autotune": True}
+    assert compilation.supported_settings(inductor_config, wanted) == {"max_autotune": True}
+    with inductor_config.patch({"max_autotune": False}):  # put back afterwards
+        compilation.apply_settings(inductor_config, wanted)
+        assert inductor_config.max_autotune is True
+    assert len(debug_lines) == 2 and all("skipped" in line for line in debug_lines)
+
+
+def test_the_recompile_limit_is_raised_never_lowered(monkeypatch, debug_lines):
+    monkeypatch.setattr(dynamo_config, "recompile_limit", 8)
+    compilation.raise_recompile_limit(32)
+    assert dynamo_config.recompile_limit == 32
+    compilation.raise_recompile_limit(16)
+    assert dynamo_config.recompile_limit == 32
+    monkeypatch.delattr(dynamo_config, "recompile_limit")
+    compilation.raise_recompile_limit(64)  # a torch without the setting: skipped, no error
+    assert debug_lines == [f"torch {torch.__version__} has no torch._dynamo.config.recompile_limit: skipped "
+                           "(compiles without it)"]
+
+
 def test_max_autotune_mode_turns_on_inductor_tuning_and_default_mode_does_not():
     policy = decide("auto", CUDA, LINUX_TRITON, compile_mode="max-autotune")
     assert policy.inductor_options == {"coordinate_descent_tuning": True, "max_autotune": True, **PDL}
@@ -83,14 +132,11 @@ def test_int8_weights_turn_off_the_pattern_that_picks_a_slow_int8_matmul_kernel(
 
 
 def test_pdl_can_be_turned_off_and_every_option_is_a_real_inductor_setting(monkeypatch):
-    import torch._inductor.config as inductor_config
-
-    if not PDL:
-        pytest.skip("this torch's Inductor has no triton.enable_pdl")
     policy = decide("auto", CUDA, LINUX_TRITON, compile_mode="max-autotune", quantize="int8")
     assert "triton.enable_pdl" not in dataclasses.replace(policy, pdl=False).inductor_options
     with inductor_config.patch(policy.inductor_options):  # raises on an unknown setting
-        assert inductor_config.triton.enable_pdl
+        assert inductor_config.max_autotune and not inductor_config.pattern_matcher
+        assert inductor_config.triton.enable_pdl if PDL else True
     monkeypatch.setenv("TORCHINDUCTOR_ENABLE_PDL", "0")  # Inductor's own switch is respected
     assert "triton.enable_pdl" not in decide("auto", CUDA, LINUX_TRITON).inductor_options
 

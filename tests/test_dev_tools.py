@@ -29,17 +29,18 @@ def test_the_codec_fit_recovers_a_fixed_cost_and_a_cost_per_row():
 def test_profile_step_sets_the_inductor_config_it_is_given(monkeypatch):
     import torch._inductor.config as config
 
-    monkeypatch.setattr(config.triton, "enable_pdl", False)
-    monkeypatch.setattr(config, "combo_kernels", False)
-    profile_step.set_inductor_config("triton.enable_pdl=True")
-    profile_step.set_inductor_config("combo_kernels=True")
-    assert config.triton.enable_pdl is True and config.combo_kernels is True
+    # Settings every supported torch has (others come and go between releases).
+    monkeypatch.setattr(config.triton, "cudagraphs", False)
+    monkeypatch.setattr(config, "max_autotune", False)
+    profile_step.set_inductor_config("triton.cudagraphs=True")
+    profile_step.set_inductor_config("max_autotune=True")
+    assert config.triton.cudagraphs is True and config.max_autotune is True
     with pytest.raises(SystemExit, match="no triton.no_such_setting"):
         profile_step.set_inductor_config("triton.no_such_setting=1")
     with pytest.raises(SystemExit, match="no no_such_group.setting"):
         profile_step.set_inductor_config("no_such_group.setting=1")
     with pytest.raises(SystemExit, match="KEY=VALUE"):
-        profile_step.set_inductor_config("combo_kernels")
+        profile_step.set_inductor_config("max_autotune")
 
 
 def test_the_kernel_kinds_are_counted_per_call_and_sorted_by_time():

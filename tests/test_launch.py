@@ -1,4 +1,4 @@
-"""launch.py: flags, environment fallbacks, deployment defaults, clear start-up errors, and a
+"""launch.py (app/launcher.py): flags, environment fallbacks, deployment defaults, clear start-up errors, and a
 start with no network at all."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import threading
 import httpx
 import pytest
 
-import launch
+from app import launcher as launch
 from tests.test_app_support import ROOT, DemoServer, assert_audio
 
 FLAGS = [

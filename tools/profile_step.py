@@ -2,7 +2,7 @@
 """Where a decode frame's time goes: kernels per frame and GPU time per kernel kind.
 
     python tools/profile_step.py --weights random [--compile on|off] [--quantize int8] [--pdl on|off] [--fused-projections on|off]
-                                   [--batch 64] [--inductor combo_kernels=True ...] [--json out.json]
+                                   [--batch 64] [--inductor max_autotune=True ...] [--json out.json]
 
 Times the graphed step (one batch size, default 1, and one kv bucket; "per frame" means per step of
 every row, frames/s counts each row's frame), then runs the same step outside CUDA graphs under
@@ -43,7 +43,7 @@ def main(argv=None) -> int:
     p.add_argument("--batch", type=int, default=1,
                    help="rows stepped together (each starting at position kv / 2 when above 1, 100 for one row)")
     p.add_argument("--inductor", action="append", default=[], metavar="KEY=VALUE",
-                   help="an Inductor config setting to try, e.g. combo_kernels=True (repeatable)")
+                   help="an Inductor config setting to try, e.g. max_autotune=True (repeatable)")
     p.add_argument("--json", type=Path)
     args = parse_with_weights(p, argv)
 
@@ -132,18 +132,17 @@ def set_inductor_config(setting: str) -> None:
     """'a.b=value' -> torch._inductor.config.a.b = value (value a Python literal)."""
     import ast
 
+    import torch
     import torch._inductor.config as config
+
+    from engine.compilation import apply_settings, has_setting
 
     key, sep, value = setting.partition("=")
     if not sep:
         raise SystemExit(f"--inductor wants KEY=VALUE, got {setting!r}")
-    *path, name = key.split(".")
-    target = config
-    for part in path:
-        target = getattr(target, part, None)
-    if target is None or not hasattr(target, name):
-        raise SystemExit(f"torch._inductor.config has no {key}")
-    setattr(target, name, ast.literal_eval(value))
+    if not has_setting(config, key):  # asked for by name: an error, not a skip
+        raise SystemExit(f"torch {torch.__version__}'s torch._inductor.config has no {key}")
+    apply_settings(config, {key: ast.literal_eval(value)})
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ from loguru import logger
 from torch import Tensor
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from ..compilation import CompilePolicy
+from ..compilation import CompilePolicy, raise_recompile_limit
 from ..model.dual_ar import DualARTransformer, KVView, call_block, embed_and_rotation, fused_norm_then_linear
 from .cuda_graphs import capture
 from .decode_step import DecodeState, decode_step, record_frame
@@ -156,7 +156,7 @@ class StepRunner:
         self._pending_batched_prefill = None
         if self.policy.compile:
             backend = self.policy.inductor_backend()
-            torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
+            raise_recompile_limit(RECOMPILE_LIMIT)
 
             def compiled(fn):
                 return _leading_dims_generic(torch.compile(fn, fullgraph=True, backend=backend))

@@ -1,0 +1,75 @@
+"""fish-speech's codec routes: POST /v1/vqgan/encode (audio files -> codes) and /v1/vqgan/decode
+(codes -> float16 PCM), with fish-speech's bodies and msgpack answers (JSON when asked for, audio
+then base64-encoded)."""
+
+from __future__ import annotations
+
+import base64
+
+import numpy as np
+from fastapi import APIRouter, Request
+from pydantic import BaseModel, Field
+from starlette.concurrency import run_in_threadpool
+
+from engine.errors import InputError
+
+from .api_schema import AudioBytes
+from .body import JSON, MSGPACK, read_body
+from .negotiation import documented, negotiated, wants_json
+from .openapi import request_body
+
+MAX_ITEMS = 16  # files or code sets per request
+
+
+class VQGANEncodeRequest(BaseModel):
+    audios: list[AudioBytes] = Field(
+        min_length=1, max_length=MAX_ITEMS, description="Audio files (wav, mp3, flac, ...); base64 in JSON bodies."
+    )
+
+
+class VQGANDecodeRequest(BaseModel):
+    tokens: list[list[list[int]]] = Field(
+        min_length=1, max_length=MAX_ITEMS, description="Code sets, each (num_codebooks, frames), as /encode gives."
+    )
+
+
+def build_router(engine) -> APIRouter:
+    router = APIRouter(prefix="/v1/vqgan", tags=["codec"])
+
+    @router.post(
+        "/encode",
+        summary="Audio files to codec codes",
+        openapi_extra=request_body(VQGANEncodeRequest, (JSON, MSGPACK)),
+        responses=documented(description="{tokens}: msgpack, or JSON when asked for"),
+    )
+    async def encode(request: Request):
+        """Answers `{"tokens": [[[int]]]}`: per file, one row of codes per codebook (~21.5 frames per second)."""
+        req = await read_body(request, VQGANEncodeRequest)
+        tokens = [(await run_in_threadpool(engine.encode_codes, audio)).tolist() for audio in req.audios]
+        return negotiated(request, {"tokens": tokens})
+
+    @router.post(
+        "/decode",
+        summary="Codec codes to audio (float16 PCM)",
+        openapi_extra=request_body(VQGANDecodeRequest, (JSON, MSGPACK)),
+        responses=documented(description="{audios}: msgpack, or JSON (base64 audio) when asked for"),
+    )
+    async def decode(request: Request):
+        """Answers `{"audios": [bytes]}`: per code set, mono float16 little-endian samples at 44.1 kHz
+        (base64 in JSON answers)."""
+        req = await read_body(request, VQGANDecodeRequest)
+        audios = []
+        for codes in req.tokens:
+            samples = await run_in_threadpool(engine.decode_codes, _rectangular(codes))
+            audios.append(samples.astype("<f2").tobytes())
+        if wants_json(request):
+            audios = [base64.b64encode(a).decode("ascii") for a in audios]
+        return negotiated(request, {"audios": audios})
+
+    return router
+
+
+def _rectangular(codes: list[list[int]]) -> np.ndarray:
+    if len({len(row) for row in codes}) > 1:
+        raise InputError("every codebook's row of codes must have the same length")
+    return np.asarray(codes, dtype=np.int64)

@@ -1,0 +1,142 @@
+"""The one place that finds the ffmpeg program: audio decoding and encoding (engine/audio.py, pydub)
+and the UI's streaming playback (Gradio) all run the binary chosen here.
+
+PATH's ffmpeg comes first (the OS package: the user's choice, updated with the system). Without one,
+the binary that the imageio-ffmpeg wheel ships serves, so a plain `pip install` streams and writes
+every format on Linux, macOS and Windows. Gradio and pydub start `ffmpeg` by name, so the wheel's
+binary is linked as `ffmpeg` into a directory put at the front of this process's PATH (children
+inherit it).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+from loguru import logger
+
+WHEEL = "the imageio-ffmpeg wheel"
+_EXE = "ffmpeg.exe" if os.name == "nt" else "ffmpeg"
+
+
+@dataclass(frozen=True)
+class Ffmpeg:
+    path: str  # the binary itself
+    source: str  # "PATH" or WHEEL
+
+
+class FfmpegError(RuntimeError):
+    """ffmpeg ran and failed; the message is the last line it printed (what it could not read)."""
+
+
+def find_ffmpeg(search_path: str | None = None) -> Ffmpeg | None:
+    """PATH's ffmpeg, else the wheel's, else None. Finds only: changes nothing."""
+    on_path = shutil.which("ffmpeg", path=search_path)
+    if on_path:
+        return Ffmpeg(on_path, "PATH")
+    try:
+        import imageio_ffmpeg
+
+        return Ffmpeg(imageio_ffmpeg.get_ffmpeg_exe(), WHEEL)
+    except (ImportError, RuntimeError):  # not installed, or no binary for this platform
+        return None
+
+
+_lock = threading.Lock()
+_chosen: list[Ffmpeg | None] = []  # filled once per process
+
+
+def ffmpeg() -> Ffmpeg | None:
+    """The ffmpeg this process uses, reachable as `ffmpeg` on PATH; None when there is none.
+    The first call logs which one."""
+    with _lock:
+        if not _chosen:
+            found = find_ffmpeg()
+            if found is None:
+                logger.warning(
+                    "no ffmpeg: not on PATH and the imageio-ffmpeg wheel is not installed. The UI plays audio when "
+                    "it is complete instead of streaming it, and m4a/webm uploads cannot be read "
+                    "(pip install imageio-ffmpeg, or install ffmpeg from the OS's packages)"
+                )
+            elif found.source == WHEEL:
+                _put_on_path(found.path)
+                logger.info("ffmpeg: {} (from {}; none on PATH)", found.path, WHEEL)
+            else:
+                logger.info("ffmpeg: {} (from PATH)", found.path)
+            _chosen.append(found)
+        return _chosen[0]
+
+
+def ffmpeg_available() -> bool:
+    return ffmpeg() is not None
+
+
+def _put_on_path(binary: str) -> None:
+    folder = _link_folder()
+    link = folder / _EXE
+    if not _same_file(link, binary):
+        staged = folder / f".{_EXE}.{os.getpid()}"
+        staged.unlink(missing_ok=True)
+        _link_or_copy(binary, staged)
+        os.replace(staged, link)  # atomic: another process starting at once sees one or the other
+    os.environ["PATH"] = os.pathsep.join(filter(None, [str(folder), os.environ.get("PATH")]))
+
+
+def _link_folder() -> Path:
+    """A folder of this user's, not a shared temp path another user could plant a program in."""
+    from platformdirs import user_cache_dir
+
+    try:
+        folder = Path(user_cache_dir("s1-mini-studio")) / "ffmpeg-bin"
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = folder / f".write-test.{os.getpid()}"
+        probe.touch()
+        probe.unlink()
+        return folder
+    except OSError:  # read-only home (some containers): a private folder for this process
+        return Path(tempfile.mkdtemp(prefix="s1-mini-ffmpeg-"))
+
+
+def _same_file(link: Path, binary: str) -> bool:
+    try:
+        return os.path.samefile(link, binary)
+    except OSError:
+        return False
+
+
+def _link_or_copy(binary: str, target: Path) -> None:
+    # Windows allows symlinks only to administrators or in developer mode; a hard link needs the
+    # same volume; a copy always works.
+    for make in (os.symlink, os.link):
+        try:
+            make(binary, target)
+            return
+        except OSError:
+            continue
+    shutil.copy2(binary, target)
+
+
+def to_wav(source: str | bytes, max_seconds: float | None = None) -> bytes:
+    """Decode any container and codec ffmpeg knows (m4a, webm, ...) to 32-bit float WAV bytes, at
+    most `max_seconds` long. No ffprobe needed: the wheel ships ffmpeg alone."""
+    found = ffmpeg()
+    if found is None:
+        raise FfmpegError("ffmpeg is not installed")
+    if isinstance(source, (bytes, bytearray, memoryview)):
+        # cache: lets ffmpeg seek back in a pipe (MP4 files keep their index at the end).
+        source_args, data = ["-i", "cache:pipe:0"], bytes(source)
+    else:
+        source_args, data = ["-i", "file:" + os.fspath(source)], None  # file: so no name reads as an option/protocol
+    limit = [] if max_seconds is None else ["-t", f"{max_seconds:.3f}"]
+    command = [found.path, "-v", "error", "-nostdin", *source_args, "-vn", *limit, "-c:a", "pcm_f32le", "-f", "wav", "pipe:1"]
+    feed = {"input": data} if data is not None else {"stdin": subprocess.DEVNULL}
+    result = subprocess.run(command, capture_output=True, **feed)
+    if result.returncode != 0 or not result.stdout:
+        lines = result.stderr.decode(errors="replace").strip().splitlines()
+        raise FfmpegError(lines[-1][:200] if lines else f"ffmpeg exited with {result.returncode}")
+    return result.stdout

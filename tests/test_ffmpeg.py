@@ -1,0 +1,105 @@
+"""engine/ffmpeg.py: PATH's ffmpeg first, else the imageio-ffmpeg wheel's, reachable by name for
+Gradio and pydub; decoding and encoding work with no ffmpeg on PATH."""
+
+from __future__ import annotations
+
+import io
+import os
+import stat
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import soundfile as sf
+
+from engine import ffmpeg as ff
+from tests.test_app_support import ROOT
+
+imageio_ffmpeg = pytest.importorskip("imageio_ffmpeg")
+
+
+def test_path_comes_first(tmp_path):
+    program = tmp_path / ("ffmpeg.exe" if os.name == "nt" else "ffmpeg")
+    program.write_text("#!/bin/sh\n")
+    program.chmod(program.stat().st_mode | stat.S_IEXEC)
+    assert ff.find_ffmpeg(str(tmp_path)) == ff.Ffmpeg(str(program), "PATH")
+
+
+def test_without_one_on_path_the_wheels_binary_is_found(tmp_path):
+    found = ff.find_ffmpeg(str(tmp_path))  # an empty folder as the whole PATH
+    assert found == ff.Ffmpeg(imageio_ffmpeg.get_ffmpeg_exe(), ff.WHEEL)
+
+
+NO_PATH_FFMPEG = textwrap.dedent(
+    """
+    import io, os, shutil
+    import numpy as np, soundfile as sf
+    assert shutil.which("ffmpeg") is None, "the test's PATH must hold no ffmpeg"
+    from engine import audio
+    from engine.ffmpeg import ffmpeg
+    chosen = ffmpeg()
+    on_path = shutil.which("ffmpeg")  # what Gradio and pydub run
+    assert on_path and os.path.samefile(on_path, chosen.path), (on_path, chosen)
+    tone = 0.5 * np.sin(2 * np.pi * 440 * np.arange(44100 * 2) / 44100).astype(np.float32)
+    # pydub's encoder, as on a libsndfile build without MP3
+    audio._soundfile_can_write = lambda container, subtype: False
+    mp3 = audio.encode_audio(tone, 44100, "mp3")
+    data, rate = sf.read(io.BytesIO(mp3))
+    assert rate == 44100 and abs(len(data) / rate - 2.0) < 0.1, (len(data), rate)
+    print("ENCODED-OK", chosen.source)
+    """
+)
+
+
+def test_with_no_ffmpeg_on_path_the_wheels_binary_serves_pydub_by_name(tmp_path):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    env = {**os.environ, "PATH": str(bin_dir), "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    result = subprocess.run(
+        [sys.executable, "-c", NO_PATH_FFMPEG], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert f"ENCODED-OK {ff.WHEEL}" in result.stdout, result.stderr[-3000:]
+    assert "from the imageio-ffmpeg wheel; none on PATH" in result.stderr  # the log says which
+
+
+def tone_wav(seconds: float, channels: int = 1) -> bytes:
+    t = np.arange(int(44100 * seconds)) / 44100
+    samples = np.stack([0.5 * np.sin(2 * np.pi * 440 * t)] * channels, axis=1)
+    buffer = io.BytesIO()
+    sf.write(buffer, samples, 44100, format="WAV", subtype="PCM_16")
+    return buffer.getvalue()
+
+
+def encode_m4a(wav: bytes, folder) -> bytes:
+    # An MP4 file keeps its index at the end: decoding it from a pipe needs ffmpeg to seek back.
+    out = folder / "encoded.m4a"
+    command = [imageio_ffmpeg.get_ffmpeg_exe(), "-v", "error", "-i", "pipe:0", "-c:a", "aac", str(out)]
+    subprocess.run(command, input=wav, capture_output=True, check=True)
+    return out.read_bytes()
+
+
+@pytest.mark.parametrize("as_path", [False, True])
+def test_to_wav_decodes_m4a_with_ffmpeg_alone(tmp_path, as_path):
+    m4a = encode_m4a(tone_wav(1.5, channels=2), tmp_path)
+    source = m4a
+    if as_path:
+        source = tmp_path / "-clip with spaces.m4a"  # a leading dash must not read as an option
+        source.write_bytes(m4a)
+        source = str(source)
+    data, rate = sf.read(io.BytesIO(ff.to_wav(source)), dtype="float32", always_2d=True)
+    assert rate == 44100 and data.shape[1] == 2
+    assert abs(len(data) / rate - 1.5) < 0.1
+    assert 0.3 < np.abs(data).max() < 0.7
+
+
+def test_to_wav_stops_at_the_limit(tmp_path):
+    data, rate = sf.read(io.BytesIO(ff.to_wav(encode_m4a(tone_wav(3.0), tmp_path), max_seconds=1.0)))
+    assert abs(len(data) / rate - 1.0) < 0.05
+
+
+def test_to_wav_reports_what_ffmpeg_could_not_read():
+    with pytest.raises(ff.FfmpegError) as caught:
+        ff.to_wav(b"this is not audio at all" * 20)
+    assert str(caught.value) and "Traceback" not in str(caught.value)
