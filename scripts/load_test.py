@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchmark import environment, level_summary, stream_record, write_reports  # noqa: E402
+from reports import environment, level_summary, stream_record, write_reports  # noqa: E402
 from weight_options import add_weight_options, settle_weights, weight_config  # noqa: E402
 
 TEXT = "The quick brown fox jumps over the lazy dog, and then it runs away into the forest."
@@ -370,7 +370,7 @@ def run_in_process(args, levels: list[int]) -> list[dict]:
             engine.warmup()
             engine.capture_all()  # as the server is measured: once every batch graph is captured
             # and its start-up heap frozen (launch.freeze_heap_once_captured): otherwise Python's full
-            # collections stop every thread for ~0.4 s within a level (docs/PERFORMANCE.md)
+            # collections stop every thread for ~0.4 s within a level
             gc.collect()
             gc.freeze()
             return run_levels(EngineTarget(engine), args, levels)

@@ -5,6 +5,7 @@ the project's own copy in tests/fixtures.
 """
 
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -40,6 +41,36 @@ def s1_expected(s1_dir) -> dict:
 @pytest.fixture(scope="session")
 def codec_expected(codec_dir) -> dict:
     return torch.load(codec_dir / "expected.pt", weights_only=True)
+
+
+def pytest_configure(config):
+    """On a CUDA machine every engine, runner and subprocess of the run shares one Inductor and
+    Triton cache: tests that compile the same graphs (a model of the same shapes, dtype and policy)
+    load what the first one compiled instead of compiling it again, and a second run on the same
+    machine starts warm. S1_TEST_COMPILE_CACHE names the folder (default: under .pytest_cache);
+    a test that needs cold caches sets its own (test_compilation's warm-start test)."""
+    if not torch.cuda.is_available():
+        return
+    from engine.compilation import configure_caches
+
+    cache = getattr(config, "cache", None)  # pytest's cache folder, unless its plugin is off
+    root = os.environ.get("S1_TEST_COMPILE_CACHE") or (cache.mkdir("compile-cache") if cache else None)
+    configure_caches(Path(root or tempfile.mkdtemp(prefix="s1-test-compile-")))
+
+
+@pytest.fixture(scope="session")
+def full_size_cuda_model():
+    """The full-size S1-mini transformer with random weights, bf16, on the GPU (fused as the engine
+    loads it), made once for every test that reads it; a test that changes it works on a copy."""
+    from engine.checkpoints import DEMO_DIR
+    from engine.loader import FULL_SIZE_CONFIG, token_layout
+    from engine.model.codec_config import CodecConfig
+    from engine.model.dual_ar import DualARConfig
+    from engine.model.loading import random_dual_ar
+    from engine.text.tokenizer import S1Tokenizer
+
+    layout = token_layout(S1Tokenizer.from_dir(DEMO_DIR), CodecConfig.s1_mini())
+    return random_dual_ar(DualARConfig.from_json(FULL_SIZE_CONFIG), layout, "cuda", torch.bfloat16).fuse_()
 
 
 def pytest_collection_modifyitems(config, items):

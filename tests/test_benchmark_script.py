@@ -60,81 +60,30 @@ def test_each_configuration_is_measured_with_its_own_settings_only():
     assert benchmark._without_options(argv, ("--checkpoint", "--quantize", "--compare", "--json")) == ["--runs", "2"]
 
 
-def test_profile_encode_times_the_reference_encoder_and_writes_its_json(tmp_path):
-    out = tmp_path / "encode.json"
-    run = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "profile_encode.py"), "--weights", "demo", "--device", "cpu",
-         "--seconds", "1", "--chunks", "4,8", "--repeats", "1", "--json", str(out)],
-        capture_output=True, text=True, timeout=300, cwd=ROOT,
-    )
-    assert run.returncode == 0, run.stderr[-3000:]
-    rows = json.loads(out.read_text())["results"]
-    assert [(r["chunk_frames"], r["graphed"]) for r in rows] == [(4, False), (8, False)]  # no graphs on the CPU
-    assert all(r["ms_per_clip"] > 0 for r in rows)
-
-
-def test_profile_step_sets_the_inductor_config_it_is_given():
-    sys.path.insert(0, str(ROOT / "scripts"))
-    import torch._inductor.config as config
-    from profile_step import set_inductor_config
-
-    # torch's own patch() puts them back: pytest's monkeypatch on a torch config module hides the
-    # setting from torch for the rest of the process on torch 2.14.
-    with config.patch({"triton.cudagraphs": False, "max_autotune": False}):
-        set_inductor_config("triton.cudagraphs=True")
-        set_inductor_config("max_autotune=True")
-        assert config.triton.cudagraphs is True and config.max_autotune is True
-    with pytest.raises(SystemExit, match="no triton.no_such_setting"):
-        set_inductor_config("triton.no_such_setting=1")
-    with pytest.raises(SystemExit, match="no no_such_group.setting"):
-        set_inductor_config("no_such_group.setting=1")
-    with pytest.raises(SystemExit, match="KEY=VALUE"):
-        set_inductor_config("max_autotune")
-
-
-def test_profile_first_requests_times_each_phase_of_each_request(tmp_path):
-    out = tmp_path / "first.json"
-    run = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "profile_first_requests.py"), "--weights", "demo", "--device", "cpu",
-         "--requests", "3", "--max-new-tokens", "8", "--cache-dir", str(tmp_path / "cache"), "--profile-text-prefill",
-         "--json", str(out)],
-        capture_output=True, text=True, timeout=300, cwd=ROOT,
-    )
-    assert run.returncode == 0, run.stderr[-3000:]
-    requests = json.loads(out.read_text())["requests"]
-    assert [r["kind"] for r in requests] == ["saved_voice", "inline_clip", "no_voice"]
-    phases = [[name for name, _ in r["phases_ms"]] for r in requests]
-    # A voice is encoded (a fresh cache dir), its prefix prefilled and stored, then the text prefilled.
-    assert phases[0] == ["encode_reference", "get", "prefill", "store", "prefill"]
-    assert phases[1] == ["encode_reference", "get", "prefill", "store", "prefill"]
-    assert phases[2] == ["prefill"]
-    assert run.stdout.count("Self CPU time total") == 1  # the first prefill after a prefix, profiled once
-
-
 def test_the_start_up_reports_the_stages_of_torch_compile():
     import torch
 
     sys.path.insert(0, str(ROOT / "scripts"))
-    import benchmark  # noqa: E402
+    import benchmark_phases  # noqa: E402
 
     torch._dynamo.reset()
     torch.compile(lambda x: (x.sin() * 2).sum())(torch.randn(8))
-    stages = benchmark.torch_compile_stages()
-    assert set(stages) <= set(benchmark.COMPILE_STAGES.values()) and stages["all"] > 0
+    stages = benchmark_phases.torch_compile_stages()
+    assert set(stages) <= set(benchmark_phases.COMPILE_STAGES.values()) and stages["all"] > 0
     assert all(0 <= seconds <= stages["all"] for seconds in stages.values())
 
 
 def test_the_reported_commit_says_when_the_tree_differs_from_it(tmp_path, monkeypatch):
     sys.path.insert(0, str(ROOT / "scripts"))
     try:
-        import benchmark
+        import reports
     finally:
         sys.path.remove(str(ROOT / "scripts"))
     monkeypatch.delenv("S1_COMMIT", raising=False)
     for name in ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE"):  # as a git hook would set them
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path.parent))  # no repository above tmp_path either
-    assert benchmark.project_commit(tmp_path) == "unknown"  # no repository here
+    assert reports.project_commit(tmp_path) == "unknown"  # no repository here
 
     def git(*args):
         subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false", *args],
@@ -147,18 +96,18 @@ def test_the_reported_commit_says_when_the_tree_differs_from_it(tmp_path, monkey
     head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=tmp_path, capture_output=True,
                           text=True).stdout.strip()
     (tmp_path / "new.txt").write_text("untracked files do not count\n")
-    assert benchmark.project_commit(tmp_path) == head
+    assert reports.project_commit(tmp_path) == head
     (tmp_path / "a.txt").write_text("two\n")
-    assert benchmark.project_commit(tmp_path) == head + "+modified"
+    assert reports.project_commit(tmp_path) == head + "+modified"
     monkeypatch.setenv("S1_COMMIT", "abc1234")
-    assert benchmark.project_commit(tmp_path) == "abc1234"
+    assert reports.project_commit(tmp_path) == "abc1234"
 
 
 def test_a_level_names_the_audio_length_of_its_slowest_request():
     """A request with less audio than the first-audio wait runs slower than real time whatever the
     engine's speed: the summary says how long the slowest one was."""
     sys.path.insert(0, str(ROOT / "scripts"))
-    from benchmark import level_summary
+    from reports import level_summary
 
     records = [{"ttfa_ms": 250.0, "rtf": 0.2, "audio_s": 10.0, "underrun_s": 0.0},
                {"ttfa_ms": 270.0, "rtf": 1.03, "audio_s": 0.28, "underrun_s": 0.0},

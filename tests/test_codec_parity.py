@@ -219,12 +219,14 @@ def test_config_json_roundtrip(codec_dir, config):
     [
         (lambda d: d.pop("latent_dim"), r"missing keys \['latent_dim'\]"),
         (lambda d: d.update(latnet_dim=1), r"unknown keys \['latnet_dim'\]"),
-        (lambda d: d.update(encoder_rates=[2, 4, 8, 4]), "hop_length"),
-        (lambda d: d.update(decoder_rates=[8, 8, 4]), "decoder_block_dims"),
+        # Each change derived from the fixture's own values, so any codec config of this layout breaks.
+        (lambda d: d.update(encoder_rates=[*d["encoder_rates"][:-1], 2 * d["encoder_rates"][-1]]), "hop_length"),
+        (lambda d: d.update(decoder_rates=d["decoder_rates"][:-1]), "decoder_block_dims"),
         (lambda d: d.update(codebook_dim="8"), "codebook_dim = '8' is not of type int"),
-        (lambda d: d["quantizer_transformer"].update(n_head=3), "n_head x head_dim"),
+        (lambda d: d["quantizer_transformer"].update(n_head=d["quantizer_transformer"]["n_head"] + 1),
+         "n_head x head_dim"),
         (lambda d: d["encoder_transformer"].pop("block_size"), r"transformer: missing keys \['block_size'\]"),
-        (lambda d: d.update(num_codebooks_total=9), "num_codebooks_total"),
+        (lambda d: d.update(num_codebooks_total=d["n_residual_codebooks"] + 2), "num_codebooks_total"),
     ],
 )
 def test_bad_config_is_a_clear_error(tmp_path, codec_dir, change, message):

@@ -111,8 +111,8 @@ def test_prepare_captures_the_buckets_up_to_a_batch_once(codec, monkeypatch):
 
 def test_padded_replays_leave_real_streams_alone_and_the_spare_row_bounded(runner, codec):
     """Five streams in a bucket of six, twelve 16-frame chunks: every replay has one padded row on
-    the spare stream. Before each replay reset the spare row, its position grew by 16 a replay until
-    the RoPE gather ran past the table (a device assert on the H100 under sustained load)."""
+    the spare stream. Unless each replay resets the spare row, its position grows by 16 a replay until
+    the RoPE gather runs past the table (a device assert under sustained load)."""
     gen = torch.Generator().manual_seed(0)
     streams = [torch.cat([torch.randint(0, 4096, (1, 192), generator=gen),
                           torch.randint(0, 1024, (9, 192), generator=gen)]) for _ in range(5)]
@@ -153,9 +153,9 @@ def test_a_read_back_that_fails_leaves_every_call_pending_for_discard(runner):
 
 
 def test_every_tensor_a_graph_reads_is_kept_by_the_runner(runner):
-    """A graph reads its inputs by address. One reachable only from the captured body (as the spare
-    row's index once was: both codec GPU tests then failed on the H100) is freed after the capture,
-    and its memory reused: the reset would then zero whatever rows that memory names."""
+    """A graph reads its inputs by address. One reachable only from the captured body (the spare
+    row's index, say) is freed after the capture, and its memory reused: the reset would then zero
+    whatever rows that memory names."""
     gc.collect()
     kept = storages_reachable(runner)
     graphs = [entry.graph for entry in runner._graphs.values()]

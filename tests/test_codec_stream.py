@@ -314,7 +314,7 @@ def test_cuda_stream_fp32_bf16_and_graph_capture(fixture_codec, no_tf32):
             graph.replay()
             pieces.append(out.clone())
         replayed = torch.cat(pieces, -1)
-    assert max_diff(replayed, eager) <= 1e-2 * eager.abs().max().item()  # measured on an H100: 0
+    assert max_diff(replayed, eager) <= 1e-2 * eager.abs().max().item()  # the same kernels: 0 in practice
 
 
 # --- the post-transformer's layers compiled (codec_runner.set_up_codec) ---------------------------
@@ -384,7 +384,7 @@ def test_compiled_post_transformer_layers_decode_as_the_plain_ones_on_cuda(fixtu
     """Inductor's kernels (as the engine compiles them) against the plain layers: in fp32 within fp32
     rounding; in bf16 as close to the fp32 audio as the plain bf16 layers are. (Not bf16 against bf16:
     Inductor rounds a fused chain of operations once where eager PyTorch rounds after each, and the
-    fixture codec amplifies such differences to ~0.17 of its peak: measured on an H100.)"""
+    fixture codec amplifies such differences to ~0.17 of its peak.)"""
     from engine import compilation
 
     policy = compilation.decide("on", torch.device("cuda"))

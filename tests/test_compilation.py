@@ -226,9 +226,9 @@ def test_caches_pin_inductors_ptxas_so_cold_and_warm_starts_share_triton_keys(tm
 @pytest.mark.gpu
 def test_a_warm_start_compiles_no_triton_kernel_again(tmp_path):
     """Two starts of the demo engine on one cache dir (benchmark.py's start-up phase): the second loads
-    every Triton kernel, ours included, and compiles none. Our kernels' cache keys once depended on
-    whether Inductor had compiled anything before them (the ptxas it picks), so a first restart
-    compiled them all again (docs/PERFORMANCE.md, 2026-11-27)."""
+    every Triton kernel, ours included, and compiles none. Our kernels' cache keys depend on the ptxas
+    Triton uses, which Inductor sets only once it compiles something: configure_caches pins it, or a
+    first restart would compile them all again."""
     env = {k: v for k, v in os.environ.items()
            if k not in ("TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "TRITON_PTXAS_PATH")}
     cache = tmp_path / "cache"

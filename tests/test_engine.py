@@ -447,6 +447,13 @@ def in_background(fn, *args, **kwargs) -> Future:
     return future
 
 
+def worker_iterations(eng, count: int = 2) -> None:
+    """Return once the GPU worker has run at least `count - 1` whole iterations of its loop: each job
+    runs after the loop's iteration that follows the job before it."""
+    for _ in range(count):
+        eng._worker.call(lambda: None)
+
+
 def wait_for(condition, timeout=60.0):
     deadline = time.monotonic() + timeout
     while not condition() and time.monotonic() < deadline:
@@ -529,7 +536,7 @@ def test_new_voices_encode_a_few_at_a_time(fresh_engine, speech, monkeypatch):
     refs = _distinct_clips(speech, gains)
     voiced = [in_background(eng.synthesize, f"Voiced {i}.", references=[ref], params=FAST) for i, ref in enumerate(refs)]
     wait_for(lambda: len(eng._synthesizer._encoding) == len(refs))  # all asked for
-    time.sleep(0.3)  # the worker polls the encodes meanwhile: more would start now if they could
+    worker_iterations(eng)  # each iteration starts waiting encodes while fewer than ENCODES_IN_FLIGHT run
     assert len(starts) == ENCODES_IN_FLIGHT
     released.set()
     results = [f.result(timeout=120) for f in voiced]

@@ -34,6 +34,24 @@ def tiny_model(s1_dir, s1_expected):
     return load_dual_ar(s1_dir, layout, "cuda", torch.float32)
 
 
+@pytest.fixture(scope="module")
+def prepared_runner(tiny_model):
+    """A prepared (compiled and captured) StepRunner of the tiny model per (policy, slots,
+    exact_vocab), built by the first test that asks and shared by the others: building one takes
+    up to tens of seconds, and a runner serves one scheduler after another as the engine's serves
+    request after request (each test runs its own Scheduler over it)."""
+    runners = {}
+
+    def get(policy: CompilePolicy, slots: int = 1, exact_vocab: bool = False) -> StepRunner:
+        key = (policy, slots, exact_vocab)
+        if key not in runners:
+            runners[key] = StepRunner(tiny_model, new_cache(tiny_model, slots), policy, exact_vocab=exact_vocab)
+            runners[key].prepare()
+        return runners[key]
+
+    return get
+
+
 def new_cache(model, slots=1):
     c = model.config
     w = model.output.weight
@@ -51,34 +69,30 @@ def run(runner, prompt, setting, frames=40):
 
 
 @pytest.mark.parametrize("setting", SETTINGS)
-def test_graphed_step_matches_plain_generation(tiny_model, s1_expected, setting):
+def test_graphed_step_matches_plain_generation(tiny_model, s1_expected, prepared_runner, setting):
     prompt = s1_expected["prompt_b"].cuda()
     t, top_p, rp, seed = setting
     plain = generate(tiny_model, prompt, SamplingTensors.build([t], [top_p], [rp], [seed], "cuda"),
                      max_new_tokens=30, cache=new_cache(tiny_model))
-    runner = StepRunner(tiny_model, new_cache(tiny_model), EAGER_GRAPHS, exact_vocab=True)
-    runner.prepare()
+    runner = prepared_runner(EAGER_GRAPHS, exact_vocab=True)
     graphed = run(runner, prompt.long(), setting, frames=plain.tokens.shape[1])
     assert torch.equal(graphed, plain.tokens.long())
 
 
 @pytest.mark.parametrize("setting", SETTINGS)
-def test_compiled_graphed_step_matches_eager_step(tiny_model, s1_expected, setting):
+def test_compiled_graphed_step_matches_eager_step(tiny_model, s1_expected, prepared_runner, setting):
     prompt = s1_expected["prompt_b"].long().cuda()
     eager = run(StepRunner(tiny_model, new_cache(tiny_model), EAGER), prompt, setting)
-    runner = StepRunner(tiny_model, new_cache(tiny_model), COMPILED_GRAPHS)
-    runner.prepare()
-    assert torch.equal(run(runner, prompt, setting), eager)
+    assert torch.equal(run(prepared_runner(COMPILED_GRAPHS), prompt, setting), eager)
 
 
 @pytest.mark.parametrize("policy", [EAGER_GRAPHS, COMPILED_GRAPHS], ids=["eager-graphs", "compiled-graphs"])
-def test_a_sequence_gets_the_same_codes_alone_or_in_a_full_graphed_batch(tiny_model, s1_expected, policy):
+def test_a_sequence_gets_the_same_codes_alone_or_in_a_full_graphed_batch(s1_expected, prepared_runner, policy):
     prompts = [s1_expected["prompt_b"].long().cuda(), s1_expected["prompt_a"].long().cuda()]
     plan = [(prompts[i % 2], (0.8, 0.8, 1.2, 40 + i)) for i in range(6)]  # 6 sequences, 4 slots: some wait
 
     def graphed_scheduler(slots):
-        runner = StepRunner(tiny_model, new_cache(tiny_model, slots), policy)
-        runner.prepare()
+        runner = prepared_runner(policy, slots)
         return Scheduler(runner, PrefixCache(runner.cache, 1 << 30))
 
     batched = graphed_scheduler(4)
@@ -94,30 +108,42 @@ def test_a_sequence_gets_the_same_codes_alone_or_in_a_full_graphed_batch(tiny_mo
         assert torch.equal(owner.codes, alone.codes)
 
 
+@pytest.fixture(scope="module")
+def one_stream_codes(tiny_model, s1_expected):
+    """Codes of one sequence over 100 frames from the compiled graphed step with codebook 0's head
+    and sampler on the main stream (no side stream), for the side-stream tests to compare with."""
+    runner = StepRunner(tiny_model, new_cache(tiny_model, 4), COMPILED_GRAPHS)
+    runner._side_stream = lambda: None
+    runner.prepare()
+    assert runner.ops.side_stream is None
+    return codebook_0_codes(runner, s1_expected)
+
+
+def codebook_0_codes(runner, s1_expected):
+    scheduler, owner = Scheduler(runner), Collector()
+    scheduler.submit(SequenceSpec(s1_expected["prompt_b"].long().cuda(), 0.8, 0.8, 1.2, 60, 100, stop_at_end=False),
+                     owner)
+    run_until_idle(scheduler)
+    return owner.codes
+
+
 @pytest.mark.parametrize("delayed", [False, True], ids=["as-is", "side-branch-delayed"])
-def test_codebook_0_beside_fast_position_0_gives_the_codes_of_one_stream(tiny_model, s1_expected, monkeypatch, delayed):
+def test_codebook_0_beside_fast_position_0_gives_the_codes_of_one_stream(tiny_model, s1_expected, prepared_runner,
+                                                                         one_stream_codes, delayed):
     """The compiled graphed step runs codebook 0's head and sampler on a second stream beside fast
     position 0 at batch 1 (StepOps.side_stream): one sequence over 100 frames gets the codes of the same
     step on one stream. Delayed, the side branch spins before its sampler, so that a missing or
     misplaced join would hand fast position 1 an unfinished embedding."""
-
-    def codes(two_streams: bool):
+    if delayed:
         runner = StepRunner(tiny_model, new_cache(tiny_model, 4), COMPILED_GRAPHS)
-        if not two_streams:
-            monkeypatch.setattr(runner, "_side_stream", lambda: None)
-        elif delayed:
-            sample_first = runner.ops.sample_first
-            runner.ops = dataclasses.replace(
-                runner.ops, sample_first=lambda *args: (torch.cuda._sleep(1_000_000), sample_first(*args))[1])
+        sample_first = runner.ops.sample_first
+        runner.ops = dataclasses.replace(
+            runner.ops, sample_first=lambda *args: (torch.cuda._sleep(1_000_000), sample_first(*args))[1])
         runner.prepare()
-        assert (runner.ops.side_stream is not None) == two_streams
-        scheduler, owner = Scheduler(runner), Collector()
-        scheduler.submit(SequenceSpec(s1_expected["prompt_b"].long().cuda(), 0.8, 0.8, 1.2, 60, 100, stop_at_end=False),
-                         owner)
-        run_until_idle(scheduler)
-        return owner.codes
-
-    assert torch.equal(codes(True), codes(False))
+    else:
+        runner = prepared_runner(COMPILED_GRAPHS, 4)
+    assert runner.ops.side_stream is not None
+    assert torch.equal(codebook_0_codes(runner, s1_expected), one_stream_codes)
 
 
 def test_graphed_batched_codec_decodes_each_stream_like_a_lone_decoder():
@@ -158,9 +184,9 @@ def test_graphed_batched_codec_decodes_each_stream_like_a_lone_decoder():
 
 def test_padded_codec_replays_keep_the_spare_rows_position_bounded():
     """Rows a graph's bucket does not use point at one spare stream, which never ends an utterance.
-    Each padded replay advanced its transformer position, so a server running long enough gathered
-    RoPE rows past the table's end (a device-side assert that killed the process after a few hundred
-    requests under sustained load, 2026-11-27). Each replay now starts the spare row afresh."""
+    Each padded replay advances its transformer position, so without a reset a server running long
+    enough gathers RoPE rows past the table's end (a device-side assert that kills the process after
+    a few hundred requests under sustained load). Each replay starts the spare row afresh."""
     from engine.runtime.codec_runner import CodecRunner
     from engine.runtime.scheduler import Harvest
 
@@ -178,17 +204,16 @@ def test_padded_codec_replays_keep_the_spare_rows_position_bounded():
     assert positions[runner.rows] <= 16, positions  # 12 x 16 = 192 before the fix
 
 
-def test_the_decode_loop_and_codec_never_wait_for_the_gpu_outside_their_read_backs(tiny_model, s1_expected):
+def test_the_decode_loop_and_codec_never_wait_for_the_gpu_outside_their_read_backs(s1_expected, prepared_runner):
     """With torch's sync debug mode raising, sequences are admitted, stepped in graphs, handed out,
     one cancelled and the rest retired, and a padded last chunk goes through a codec graph: nothing
-    in that loop may wait for a stream (a host scalar written into a device tensor did, on every
-    retirement: the GPU drained its queued steps while the host worked, 2026-11-27). The loop's own
-    waits are CUDA events, which the mode does not count."""
+    in that loop may wait for a stream (a host scalar written into a device tensor does: the GPU
+    drains its queued steps while the host works). The loop's own waits are CUDA events, which the
+    mode does not count."""
     from engine.runtime.codec_runner import CodecRunner
     from engine.runtime.scheduler import Harvest
 
-    runner = StepRunner(tiny_model, new_cache(tiny_model, 4), EAGER_GRAPHS)
-    runner.prepare()
+    runner = prepared_runner(EAGER_GRAPHS, 4)
     codec_runner = CodecRunner(load_models(EngineConfig(demo=True, device="cuda")).codec, rows=4, max_frames=256)
     codec_runner.prepare()
     prompt = s1_expected["prompt_b"].long().cuda()
@@ -216,7 +241,7 @@ def test_the_decode_loop_and_codec_never_wait_for_the_gpu_outside_their_read_bac
 
 def test_prefill_attention_builds_no_cudnn_plan_per_prompt_length(s1_dir, s1_expected):
     """Prompt lengths vary per request, and cuDNN attention builds an execution plan for each new
-    length (and compiled its first ones for up to ~1 s on the H100), so the runner's prefill keeps
+    length (and compiles its first ones for up to ~1 s), so the runner's prefill keeps
     to the attention backends that need none. Checked in bf16, where SDPA would pick cuDNN here."""
     ids = s1_expected["special_ids"]
     model = load_dual_ar(s1_dir, TokenLayout(ids["semantic_begin"], ids["semantic_end"], ids["im_end"]), "cuda",
@@ -273,33 +298,35 @@ def test_graphed_reference_encoder_gives_the_eager_codes():
         assert torch.equal(graphed.encode(clip), expected), frames
 
 
-def test_full_size_bf16_compiled_logits_close_to_eager():
+def test_full_size_bf16_compiled_logits_close_to_eager(full_size_cuda_model):
     """Full-size random weights: a compiled bf16 slow step + head is no further from the fp32 result
-    than the eager bf16 step is (compilation adds no error beyond bf16's own)."""
+    than the eager bf16 step is (compilation adds no error beyond bf16's own). Compiled as the engine
+    compiles its step: one graph for a block, which serves all 28 layers, and one for the head."""
     import copy
 
-    models = load_models(EngineConfig(random_weights=True, device="cuda", precision="bf16"))
-    bf16 = models.model
+    bf16 = full_size_cuda_model
     fp32 = copy.deepcopy(bf16).float()
     prompt = torch.randint(0, 4000, (11, 64), device="cuda")
     prompt[1:] = prompt[1:] % 1024
     args = (prompt[None, :, -1:], torch.tensor([[63]], device="cuda"), torch.arange(256, device="cuda"))
 
-    def logits_fn(model):
+    def logits_fn(model, compiled=False):
         runner = StepRunner(model, new_cache(model), EAGER)
+        run_block, head = call_block, runner.head.logits
+        if compiled:
+            run_block, head = torch.compile(call_block, fullgraph=True), torch.compile(head, fullgraph=True)
 
         def step_logits(columns, positions, key_positions):
-            hidden = model.forward_slow(columns, runner.cache.views(positions, key_positions))
-            return runner.head.logits(hidden).float()
+            hidden = model.forward_slow(columns, runner.cache.views(positions, key_positions), run_block)
+            return head(hidden).float()
 
         runner.prefill(0, prompt)
         return step_logits
 
     with torch.inference_mode():
         reference = logits_fn(fp32)(*args)
-        eager_fn = logits_fn(bf16)
-        eager = eager_fn(*args)
-        compiled = torch.compile(eager_fn, fullgraph=True)(*args)
+        eager = logits_fn(bf16)(*args)
+        compiled = logits_fn(bf16, compiled=True)(*args)
     eager_error = (eager - reference).norm()
     compiled_error = (compiled - reference).norm()
     assert compiled_error <= 1.5 * eager_error + 1e-3 * reference.norm()

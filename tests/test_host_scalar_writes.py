@@ -1,7 +1,7 @@
 """No host scalar is written into a tensor on the decode loop's path. On CUDA `tensor[i] = 0`
 copies a host scalar into the device tensor, and that copy waits for every kernel queued on the
 stream (the steps the worker keeps ahead of the GPU), after which the GPU idles while the host
-works (2026-11-27: ~5 ms at each retirement of a 64-stream run). Fills on the device do not wait.
+works (~5 ms at each retirement of a 64-stream run). Fills on the device do not wait.
 On the CPU the same writes show as a tensor lifted from a Python scalar and copied into another,
 which this mode catches; tests/test_gpu.py checks the CUDA path with torch's sync debug mode."""
 

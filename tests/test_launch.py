@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+import threading
 
 import httpx
 import pytest
@@ -262,22 +263,41 @@ def test_an_idle_connection_outlives_the_usual_client_keep_alive(tmp_path):
 
 def test_the_heap_is_frozen_only_once_every_batch_graph_is_captured_and_no_request_runs():
     import gc
-    import time
 
     class Engine:
-        capturing = True
-        in_flight = 3
+        """A stand-in whose every read by the freezer sets `polled`."""
+
+        def __init__(self):
+            self.state = {"capturing": True, "in_flight": 0}
+            self.polled = threading.Event()
+
+        @property
+        def capturing(self):
+            self.polled.set()
+            return self.state["capturing"]
+
+        @property
+        def in_flight(self):
+            self.polled.set()
+            return self.state["in_flight"]
 
     engine = Engine()
+
+    def seen_by_the_freezer(**state) -> None:
+        """Set the engine's state and return once the freezer has polled it twice since."""
+        engine.state.update(state)
+        for _ in range(2):
+            engine.polled.clear()
+            assert engine.polled.wait(10) or not thread.is_alive(), "the freezer stopped polling"
+
     try:
         gc.unfreeze()
-        thread = launch.freeze_heap_once_captured(engine, poll_s=0.01)
-        time.sleep(0.1)
+        thread = launch.freeze_heap_once_captured(engine, poll_s=0.001)
+        seen_by_the_freezer(capturing=True, in_flight=0)
         assert thread.is_alive() and gc.get_freeze_count() == 0  # still capturing: nothing frozen yet
-        engine.capturing = False
-        time.sleep(0.1)
+        seen_by_the_freezer(capturing=False, in_flight=3)
         assert thread.is_alive() and gc.get_freeze_count() == 0  # requests in flight: not yet either
-        engine.in_flight = 0
+        engine.state["in_flight"] = 0
         thread.join(timeout=10)
         assert not thread.is_alive() and gc.get_freeze_count() > 0
     finally:

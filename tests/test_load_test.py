@@ -105,7 +105,7 @@ class _Args:
 
 
 def test_underrun_counts_the_waits_of_a_listener_playing_in_real_time():
-    from benchmark import underrun_seconds
+    from reports import underrun_seconds
 
     assert underrun_seconds([]) == 0.0
     assert underrun_seconds([(10.0, 1.0), (10.5, 1.0), (11.9, 1.0)]) == 0.0  # always ahead of playback

@@ -94,7 +94,7 @@ def test_blank_lines_and_equals_token_are_skipped(s1_dir, tmp_path):
     root = _copy_checkpoint(s1_dir, tmp_path)
     path = root / "tokenizer.tiktoken"
     path.write_text("\n" + path.read_text() + "\n\n")
-    assert S1Tokenizer.from_dir(root).num_ranks == 500
+    assert S1Tokenizer.from_dir(root).num_ranks == S1Tokenizer.from_dir(s1_dir).num_ranks
 
 
 def test_corrupt_ranks_file(s1_dir, tmp_path):

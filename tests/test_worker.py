@@ -1,56 +1,90 @@
 """The GPU worker's background work: it runs only while the worker has nothing else to do."""
 
+import queue
 import threading
-import time
 
 from engine.runtime import worker as worker_module
 from engine.runtime.worker import GPUWorker
 
+WAIT_S = 10  # a bound on waits for events that come at once: reached only when the worker is broken
+
+
+class WatchedQueue(queue.Queue):
+    """The worker's job queue, telling the test how the worker waits for jobs: `asleep` is set
+    whenever it blocks with no timeout (nothing to iterate and no background work left), `waits`
+    lists each wait's timeout and whether a job came."""
+
+    def __init__(self):
+        super().__init__()
+        self.asleep = threading.Event()
+        self.waits: list[tuple[float | None, str]] = []
+
+    def get(self, block=True, timeout=None):
+        if block and timeout is None:
+            self.asleep.set()
+        try:
+            item = super().get(block, timeout)
+        except queue.Empty:
+            self.waits.append((timeout, "none"))
+            raise
+        self.waits.append((timeout, "job"))
+        return item
+
+
+def watched_worker(monkeypatch, **kwargs) -> tuple[GPUWorker, WatchedQueue]:
+    made: list[WatchedQueue] = []
+    with monkeypatch.context() as patch:
+        patch.setattr(worker_module.queue, "Queue", lambda: made.append(WatchedQueue()) or made[-1])
+        worker = GPUWorker(**kwargs)
+    (jobs,) = made
+    return worker, jobs
+
 
 def test_idle_work_runs_in_units_until_done_and_jobs_go_first(monkeypatch):
-    monkeypatch.setattr(worker_module, "IDLE_AFTER_S", 0.05)
-    units: list[str] = []
-    release = threading.Event()
+    monkeypatch.setattr(worker_module, "IDLE_AFTER_S", 0.01)
+    log: list[str] = []
+    threads: set[str] = set()
+    first_unit, release = threading.Event(), threading.Event()
+    worker, jobs = watched_worker(monkeypatch, capacity=4)
 
     def one_unit() -> bool:
-        units.append(threading.current_thread().name)
-        release.wait(5)  # the first unit holds the worker until the test lets it go
-        return len(units) < 3
+        log.append("unit")
+        threads.add(threading.current_thread().name)
+        first_unit.set()
+        assert release.wait(WAIT_S)  # the first unit holds the worker until the test lets it go
+        return log.count("unit") < 3
 
-    worker = GPUWorker(capacity=4)
     try:
-        worker.call(lambda: worker.when_idle(one_unit))
-        deadline = time.monotonic() + 5
-        while not units:
-            assert time.monotonic() < deadline, "idle work never started"
-            time.sleep(0.01)
-        job = worker.submit(lambda j: (j.emit("served"), j.finish()))  # arrives during the first unit
+        # `asleep` is set again once the worker waits for jobs with no background work left.
+        worker.call(lambda: (jobs.asleep.clear(), worker.when_idle(one_unit)))
+        assert first_unit.wait(WAIT_S), "idle work never started"
+        job = worker.submit(lambda j: (log.append("job"), j.emit("served"), j.finish()))  # arrives during the first unit
         release.set()
         assert list(job.results()) == ["served"]
-        assert len(units) == 1, "the waiting job ran after the unit in progress, before the next one"
-        deadline = time.monotonic() + 5
-        while len(units) < 3:
-            assert time.monotonic() < deadline, f"idle work stopped early: {units}"
-            time.sleep(0.01)
-        time.sleep(0.2)
-        assert len(units) == 3  # it said it was done: not called again
-        assert set(units) == {"s1-gpu-worker"}
+        assert jobs.asleep.wait(WAIT_S), f"the worker kept background work it said was done: {log}"
+        # The waiting job ran after the unit in progress, before the next one; done means not called again.
+        assert log == ["unit", "job", "unit", "unit"]
+        assert threads == {"s1-gpu-worker"}
     finally:
         worker.close()
 
 
 def test_idle_work_waits_for_a_quiet_worker(monkeypatch):
-    monkeypatch.setattr(worker_module, "IDLE_AFTER_S", 0.3)
-    calls: list[float] = []
-    worker = GPUWorker(capacity=4)
+    monkeypatch.setattr(worker_module, "IDLE_AFTER_S", 0.05)
+    ran = threading.Event()
+    waits_before: list[tuple[float | None, str]] = []
+    worker, jobs = watched_worker(monkeypatch, capacity=4)
+
+    def unit() -> bool:
+        waits_before.extend(jobs.waits)
+        ran.set()
+        return False
+
     try:
-        registered = time.monotonic()
-        worker.call(lambda: worker.when_idle(lambda: calls.append(time.monotonic()) or False))
-        deadline = time.monotonic() + 5
-        while not calls:
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
-        assert calls[0] - registered >= 0.3
+        worker.call(lambda: worker.when_idle(unit))
+        assert ran.wait(WAIT_S)
+        # Right before it, the worker waited IDLE_AFTER_S for a job and none came.
+        assert waits_before[-1] == (0.05, "none")
     finally:
         worker.close()
 
@@ -58,15 +92,15 @@ def test_idle_work_waits_for_a_quiet_worker(monkeypatch):
 def test_failing_idle_work_is_logged_and_dropped_and_the_worker_serves_on(monkeypatch):
     monkeypatch.setattr(worker_module, "IDLE_AFTER_S", 0.01)
     calls = []
+    worker, jobs = watched_worker(monkeypatch, capacity=4)
 
     def broken() -> bool:
         calls.append(1)
         raise RuntimeError("capture failed")
 
-    worker = GPUWorker(capacity=4)
     try:
-        worker.call(lambda: worker.when_idle(broken))
-        time.sleep(0.3)
+        worker.call(lambda: (jobs.asleep.clear(), worker.when_idle(broken)))
+        assert jobs.asleep.wait(WAIT_S) and calls == [1], "the failing work was not dropped"
         assert worker.call(lambda: "still here") == "still here"
         assert calls == [1]
     finally:
@@ -97,6 +131,7 @@ def test_jobs_arriving_one_after_another_do_not_hold_up_the_decode_loop():
     log: list[str] = []
     remaining = {"iterations": 0}
     worker_ref: list[GPUWorker] = []
+    all_arrived = threading.Event()
 
     def iterate() -> bool:
         log.append("iterate")
@@ -108,6 +143,8 @@ def test_jobs_arriving_one_after_another_do_not_hold_up_the_decode_loop():
             log.append("job")
             if n > 1:  # the next request arrives while this one is being handled
                 worker_ref[0].submit(arrival(n - 1))
+            else:
+                all_arrived.set()
             job.finish()
         return work
 
@@ -119,10 +156,7 @@ def test_jobs_arriving_one_after_another_do_not_hold_up_the_decode_loop():
             worker.submit(arrival(20))
 
         worker.call(start)
-        deadline = time.monotonic() + 5
-        while log.count("job") < 20:
-            assert time.monotonic() < deadline, f"the jobs did not all run: {log.count('job')}"
-            time.sleep(0.01)
+        assert all_arrived.wait(WAIT_S), f"the jobs did not all run: {log.count('job')}"
         first_jobs = log[:log.index("job") + 40]
         runs = "".join("j" if entry == "job" else "i" for entry in first_jobs)
         assert "jj" not in runs.strip("i"), f"jobs ran back to back while the loop had work: {runs}"

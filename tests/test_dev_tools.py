@@ -1,0 +1,88 @@
+"""tools/profile_step.py and tools/profile_codec_calls.py: their pure parts on the CPU, a clear refusal
+without CUDA, and a run on the demo model on a GPU (a check of the tools, not a measurement)."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tools"))
+import profile_codec_calls  # noqa: E402
+import profile_step  # noqa: E402
+
+
+def run_tool(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+
+
+def test_the_codec_fit_recovers_a_fixed_cost_and_a_cost_per_row():
+    points = [(rows, 2.4 + 1.3 * rows) for rows in (1, 2, 4, 8, 16)]
+    fixed, per_row = profile_codec_calls.fit_fixed_and_per_row(points)
+    assert fixed == pytest.approx(2.4) and per_row == pytest.approx(1.3)
+    assert profile_codec_calls.fit_fixed_and_per_row([(4, 3.0), (4, 5.0)]) == (4.0, 0.0)  # one bucket
+
+
+def test_profile_step_sets_the_inductor_config_it_is_given():
+    import torch._inductor.config as config
+
+    # torch's own patch() puts them back: pytest's monkeypatch on a torch config module hides the
+    # setting from torch for the rest of the process on torch 2.14. These two exist in every
+    # supported torch (others come and go between releases).
+    with config.patch({"triton.cudagraphs": False, "max_autotune": False}):
+        profile_step.set_inductor_config("triton.cudagraphs=True")
+        profile_step.set_inductor_config("max_autotune=True")
+        assert config.triton.cudagraphs is True and config.max_autotune is True
+    with pytest.raises(SystemExit, match="no triton.no_such_setting"):
+        profile_step.set_inductor_config("triton.no_such_setting=1")
+    with pytest.raises(SystemExit, match="no no_such_group.setting"):
+        profile_step.set_inductor_config("no_such_group.setting=1")
+    with pytest.raises(SystemExit, match="KEY=VALUE"):
+        profile_step.set_inductor_config("max_autotune")
+
+
+def test_the_kernel_kinds_are_counted_per_call_and_sorted_by_time():
+    class Kernel:
+        def __init__(self, name, device_time):
+            self.name, self.device_time = name, device_time
+
+    kernels = [Kernel("mm", 10.0), Kernel("norm", 1.0), Kernel("mm", 10.0), Kernel("attn", 30.0)]
+    assert profile_step.kernel_kinds(kernels, calls=2) == [("attn", 0.5, 15.0), ("mm", 1.0, 10.0), ("norm", 0.5, 0.5)]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
+@pytest.mark.parametrize("tool", ["tools/profile_step.py", "tools/profile_codec_calls.py"])
+def test_without_cuda_each_tool_says_it_needs_a_gpu(tool):
+    run = run_tool(tool, "--weights", "demo", timeout=120)
+    assert run.returncode == 2 and "needs a CUDA GPU" in run.stderr
+
+
+@pytest.mark.gpu
+def test_profile_step_times_and_profiles_the_demo_models_step(tmp_path):
+    out = tmp_path / "step.json"
+    run = run_tool("tools/profile_step.py", "--weights", "demo", "--compile", "off", "--batch", "2", "--frames", "3",
+                   "--json", str(out))
+    assert run.returncode == 0, run.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert report["batch"] == 2 and report["kv_bucket"] == 512 and report["graphed_frames_per_s"] > 0
+    assert report["kernels_per_frame"] > 0 and report["top_kernels"] and report["frame_kernels"]
+    first, last = report["profiled_positions"]
+    assert last - first + 1 == 3  # every profiled step moves a row one position on
+
+
+@pytest.mark.gpu
+def test_profile_codec_calls_times_each_bucket_and_the_parts_of_a_call(tmp_path):
+    out = tmp_path / "codec.json"
+    run = run_tool("tools/profile_codec_calls.py", "--weights", "demo", "--rows", "2", "--row-buckets", "1,2",
+                   "--parts", "1x4", "--json", str(out))
+    assert run.returncode == 0, run.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert {c["rows"] for c in report["calls"]} == {1, 2} and all(c["ms"] > 0 for c in report["calls"])
+    assert report["fits"]
+    (part,) = report["parts"]
+    assert (part["rows"], part["frames"]) == (1, 4)
+    for name in ("vq", "post_transformer", "upsample", "decoder"):
+        assert part[name]["ms"] > 0 and part[name]["kernels"] > 0
