@@ -14,6 +14,7 @@ the level's wall time show whether the host or the GPU bounds it.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -62,9 +63,9 @@ def main(argv=None) -> int:
                                                 decode_priority=args.decode_priority == "on"))
     engine.warmup()
     engine.capture_all()
-    synth = engine._synthesizer
+    synth = engine._core
     if args.max_admit:
-        synth.scheduler.max_admit_per_step = args.max_admit
+        synth.scheduler.config = dataclasses.replace(synth.scheduler.config, max_admit_per_step=args.max_admit)
     params = SamplingParams(max_new_tokens=args.frames)
     results = []
     for level in [int(x) for x in args.levels.split(",")]:
@@ -74,7 +75,7 @@ def main(argv=None) -> int:
             audio = sum(pool.map(lambda i: engine.synthesize(f"Profile request {i}, a sentence or two long.",
                                                              params=params).stats["audio_s"], range(level)))
         wall = time.perf_counter() - started
-        row = {"streams": level, "max_admit_per_step": synth.scheduler.max_admit_per_step,
+        row = {"streams": level, "max_admit_per_step": synth.scheduler.config.max_admit_per_step,
                "decode_priority": args.decode_priority == "on", "audio_s_per_s": audio / wall,
                **level_row(recorder.spans[first_span:], started - recorder.origin, wall)}
         results.append(row)

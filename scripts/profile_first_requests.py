@@ -63,7 +63,7 @@ def main(argv=None) -> int:
                                                 quantize=args.quantize, cache_dir=args.cache_dir))
     engine.warmup()
     startup_s = time.perf_counter() - started
-    synth = engine._synthesizer
+    synth = engine._core
     cuda = engine.models.placement.device.type == "cuda"
     phases: list[tuple[str, float]] = []
 
@@ -81,7 +81,7 @@ def main(argv=None) -> int:
         setattr(owner, name, run)
 
     # The encode runs on a stream of its own; the device-wide synchronize times all of it.
-    timed(synth.reference_encoder, "start", "encode_reference")
+    timed(synth.clip_encodes.encoder, "start", "encode_reference")
     for owner, name in ((synth.runner, "prefill"), (synth.prefix_cache, "get"), (synth.prefix_cache, "place"),
                         (synth.prefix_cache, "store")):
         timed(owner, name)

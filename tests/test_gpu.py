@@ -11,11 +11,12 @@ from engine.config import EngineConfig
 from engine.loader import load_models
 from engine.model.dual_ar import TokenLayout, call_block
 from engine.model.loading import load_dual_ar
-from engine.runtime.generate import generate
+from reference_generation import generate
 from engine.runtime.kv_cache import KVCache
 from engine.runtime.sampling import SamplingTensors
 from engine.runtime.prefix_cache import PrefixCache
-from engine.runtime.scheduler import Scheduler, SequenceSpec
+from engine.runtime.decode_loop import DecodeLoop
+from engine.runtime.scheduler import SequenceSpec
 from engine.runtime.step_runner import StepRunner
 from scheduling import Collector, assert_same_kv, run_until_idle
 
@@ -41,9 +42,9 @@ def new_cache(model, slots=1):
 
 
 def run(runner, prompt, setting, frames=40):
-    """Every column (token row and codes) of one sequence run alone through the scheduler."""
+    """Every column (token row and codes) of one sequence run alone through the decode loop."""
     t, top_p, rp, seed = setting
-    scheduler = Scheduler(runner)
+    scheduler = DecodeLoop.over(runner)
     owner = Collector()
     scheduler.submit(SequenceSpec(prompt, t, top_p, rp, seed, frames, stop_at_end=False), owner)
     run_until_idle(scheduler)
@@ -79,7 +80,7 @@ def test_a_sequence_gets_the_same_codes_alone_or_in_a_full_graphed_batch(tiny_mo
     def graphed_scheduler(slots):
         runner = StepRunner(tiny_model, new_cache(tiny_model, slots), policy)
         runner.prepare()
-        return Scheduler(runner, PrefixCache(runner.cache, 1 << 30))
+        return DecodeLoop.over(runner, PrefixCache(runner.cache, 1 << 30))
 
     batched = graphed_scheduler(4)
     owners = [Collector() for _ in plan]
@@ -111,7 +112,7 @@ def test_codebook_0_beside_fast_position_0_gives_the_codes_of_one_stream(tiny_mo
                 runner.ops, sample_first=lambda *args: (torch.cuda._sleep(1_000_000), sample_first(*args))[1])
         runner.prepare()
         assert (runner.ops.side_stream is not None) == two_streams
-        scheduler, owner = Scheduler(runner), Collector()
+        scheduler, owner = DecodeLoop.over(runner), Collector()
         scheduler.submit(SequenceSpec(s1_expected["prompt_b"].long().cuda(), 0.8, 0.8, 1.2, 60, 100, stop_at_end=False),
                          owner)
         run_until_idle(scheduler)
@@ -126,7 +127,7 @@ def test_graphed_batched_codec_decodes_each_stream_like_a_lone_decoder():
     against each stream decoded alone and eagerly in the same pieces."""
     from engine.model.codec_stream import StreamingDecoder
     from engine.runtime.codec_runner import CodecRunner
-    from engine.runtime.scheduler import Harvest
+    from engine.runtime.decode_loop import Harvest
 
     codec = load_models(EngineConfig(demo=True, device="cuda")).codec
     runner = CodecRunner(codec, rows=4, max_frames=256)
@@ -162,7 +163,7 @@ def test_padded_codec_replays_keep_the_spare_rows_position_bounded():
     RoPE rows past the table's end (a device-side assert that killed the process after a few hundred
     requests under sustained load, 2026-11-27). Each replay now starts the spare row afresh."""
     from engine.runtime.codec_runner import CodecRunner
-    from engine.runtime.scheduler import Harvest
+    from engine.runtime.decode_loop import Harvest
 
     codec = load_models(EngineConfig(demo=True, device="cuda")).codec
     runner = CodecRunner(codec, rows=8, max_frames=256)
@@ -185,14 +186,14 @@ def test_the_decode_loop_and_codec_never_wait_for_the_gpu_outside_their_read_bac
     retirement: the GPU drained its queued steps while the host worked, 2026-11-27). The loop's own
     waits are CUDA events, which the mode does not count."""
     from engine.runtime.codec_runner import CodecRunner
-    from engine.runtime.scheduler import Harvest
+    from engine.runtime.decode_loop import Harvest
 
     runner = StepRunner(tiny_model, new_cache(tiny_model, 4), EAGER_GRAPHS)
     runner.prepare()
     codec_runner = CodecRunner(load_models(EngineConfig(demo=True, device="cuda")).codec, rows=4, max_frames=256)
     codec_runner.prepare()
     prompt = s1_expected["prompt_b"].long().cuda()
-    scheduler, owners = Scheduler(runner), [Collector() for _ in range(4)]
+    scheduler, owners = DecodeLoop.over(runner), [Collector() for _ in range(4)]
     for seed, (owner, frames) in enumerate(zip(owners, (20, 33, 45, 40)), 1):
         scheduler.submit(SequenceSpec(prompt, 0.8, 0.8, 1.2, seed, frames, stop_at_end=False), owner)
     codes = torch.zeros(10, 9, dtype=torch.long, device="cuda")  # 9 frames: padded to a graphed length

@@ -39,7 +39,8 @@ from ..model.codec import ModdedDAC
 from ..model.codec_stream import Rows, StreamingDecoder, compiled_layer_forward
 from ..model.tuned_conv import tune_convs, tuning
 from .cuda_graphs import capture
-from .scheduler import BLOCK, BLOCK_SIZES, Harvest
+from .decode_loop import Harvest
+from .scheduler import BLOCK, BLOCK_SIZES
 from .step_runner import bucket_for
 
 

@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from ..model.dual_ar import DualARTransformer
-from .generate import FrameHistory, StepOps, next_frame
+from .frame_sampler import FrameHistory, StepOps, next_frame
 from .kv_cache import KVCache
 from .sampling import SamplingTensors
 

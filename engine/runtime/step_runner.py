@@ -21,7 +21,7 @@ from ..compilation import CompilePolicy
 from ..model.dual_ar import DualARTransformer, KVView, call_block, embed_and_rotation, fused_norm_then_linear
 from .cuda_graphs import capture
 from .decode_step import DecodeState, decode_step, record_frame
-from .generate import FullVocabHead, SemanticHead, StepOps, sample_and_embed, sample_first_code, sampling_inputs
+from .frame_sampler import FullVocabHead, SemanticHead, StepOps, sample_and_embed, sample_first_code, sampling_inputs
 from .kv_cache import KVCache
 from .prefill_graphs import PrefillGraphs, PrefillRow
 
