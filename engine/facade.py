@@ -24,13 +24,14 @@ from .device import memory_gb, slots_that_fit
 from .errors import InputError
 from .loader import LoadedModels, load_models
 from .params import SamplingParams
-from .references import DecodedClips, ReferenceCodeCache, VoiceStore, default_cache_dir, default_voices_dir
+from .references import DecodedClips, ReferenceCodeCache, default_cache_dir, default_voices_dir
 from .core import EngineCore
 from .request import AudioChunk, PreparedRequest, ReferenceClip
 from .runtime.kv_cache import bytes_per_slot
 from .runtime.worker import GPUWorker
 from .text.prompt import text_part
 from .text.splitter import split_text
+from .voice_store import VoiceStore
 
 WARMUP_TEXT = "Hello world."
 

@@ -23,6 +23,7 @@ from torch import Tensor, nn
 
 from ..errors import CheckpointError
 from .codec_config import CodecConfig, ConvNeXtConfig, TransformerConfig
+from .layers import RMSNorm, apply_rope, rms_norm, rope_table
 
 __all__ = ["CodecConfig", "ModdedDAC", "load_codec", "random_codec"]
 
@@ -185,43 +186,11 @@ class ConvNeXtBlock(nn.Module):
 # Window-limited transformer
 
 
-def rope_table(seq_len: int, head_dim: int, base: float) -> Tensor:
-    """(seq_len, head_dim // 2, [cos, sin]) built in fp32 and rounded to bf16, as the checkpoint stores it."""
-    freqs = base ** -(torch.arange(0, head_dim, 2)[: head_dim // 2].float() / head_dim)
-    angles = torch.outer(torch.arange(seq_len, dtype=torch.float32), freqs)
-    return torch.stack([angles.cos(), angles.sin()], dim=-1).to(torch.bfloat16)
-
-
-def apply_rope(x: Tensor, table: Tensor) -> Tensor:
-    """Rotate interleaved pairs (x[2i], x[2i+1]) of x (B, T, H, D) in fp32; table (T, D/2, 2) fp32,
-    or (B, T, D/2, 2) for per-row positions."""
-    x2 = x.float().unflatten(-1, (-1, 2))
-    cos, sin = table[..., None, :, 0], table[..., None, :, 1]
-    out = torch.stack([x2[..., 0] * cos - x2[..., 1] * sin, x2[..., 1] * cos + x2[..., 0] * sin], -1)
-    return out.flatten(-2).type_as(x)
-
-
 def window_mask(seq_len: int, window: int, device) -> Tensor:
     """(T, T) bool, True where query i may attend key j: i - window < j <= i."""
     i = torch.arange(seq_len, device=device)
     d = i[:, None] - i[None, :]
     return (d >= 0) & (d < window)
-
-
-class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float):
-        super().__init__()
-        self.weight = nn.Parameter(torch.empty(dim))
-        self.eps = eps
-
-    def forward(self, x: Tensor) -> Tensor:
-        return rms_norm(x, self.weight, self.eps)
-
-
-def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
-    """Normalise in fp32, round to the activation dtype, then scale (the reference's order)."""
-    xf = x.float()
-    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).type_as(x) * weight
 
 
 class LayerScale(nn.Module):
@@ -342,7 +311,7 @@ class WindowLimitedTransformer(nn.Module):
     def __init__(self, cfg: TransformerConfig, n_layer: int):
         super().__init__()
         self.window_size, self.block_size = cfg.window_size, cfg.block_size
-        self.register_buffer("freqs_cis", rope_table(cfg.block_size, cfg.head_dim, cfg.rope_base))
+        self.register_buffer("freqs_cis", rope_table(cfg.block_size, cfg.head_dim, cfg.rope_base, negative_power=True))
         mask = torch.ones(cfg.block_size, cfg.block_size, dtype=torch.bool).tril()
         self.register_buffer("causal_mask", mask)
         self.layers = nn.ModuleList(TransformerLayer(cfg) for _ in range(n_layer))

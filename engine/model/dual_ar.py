@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..errors import CheckpointError
+from .layers import RMSNorm, apply_rope, rope_table
 
 try:  # the compiled decode step's attention kernel
     from . import decode_attention as attention_kernel
@@ -112,36 +113,6 @@ class DualARConfig:
             problems.append("fast_dim != dim needs a fast_project_in layer, which S1-mini does not have")
         if problems:
             raise CheckpointError("unsupported model config: " + "; ".join(problems))
-
-
-class RMSNorm(nn.Module):
-    """y = (x * rsqrt(mean(x^2) + eps)) computed in fp32, cast back, then scaled by the weight."""
-
-    def __init__(self, dim: int, eps: float):
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
-
-    def forward(self, x: Tensor) -> Tensor:
-        xf = x.float()
-        normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return normed.type_as(x) * self.weight
-
-
-def rope_table(max_positions: int, head_dim: int, base: float) -> Tensor:
-    """(positions, head_dim/2, 2) table of [cos, sin], built in fp32 and rounded to bf16 like the reference."""
-    freqs = 1.0 / (base ** (torch.arange(0, head_dim, 2)[: head_dim // 2].float() / head_dim))
-    angles = torch.outer(torch.arange(max_positions, dtype=torch.float32), freqs)
-    return torch.stack([angles.cos(), angles.sin()], dim=-1).to(torch.bfloat16)
-
-
-def apply_rope(x: Tensor, table: Tensor) -> Tensor:
-    """Rotate interleaved pairs (x[2i], x[2i+1]). x: (B, S, H, D); table: (B, S, D/2, 2)."""
-    pairs = x.float().reshape(*x.shape[:-1], -1, 2)
-    cos, sin = table.float().unsqueeze(2).unbind(-1)  # (B, S, 1, D/2)
-    x0, x1 = pairs.unbind(-1)
-    rotated = torch.stack([x0 * cos - x1 * sin, x1 * cos + x0 * sin], dim=-1)
-    return rotated.flatten(-2).type_as(x)
 
 
 @dataclass

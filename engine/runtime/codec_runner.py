@@ -1,7 +1,7 @@
 """Harvested frames -> audio, for every running sequence at once, beside the decode steps.
 
 One streaming codec decoder holds a stream (row) per KV slot. The frames harvested in one
-scheduler iteration decode together: one batched call per chunk length (the scheduler hands most
+engine step decode together: one batched call per chunk length (the scheduler hands most
 sequences out on the same step with the same length, so there are few calls). A sequence's first
 frames reset its row, starting a new utterance there.
 
@@ -36,7 +36,9 @@ import torch
 from loguru import logger
 
 from ..model.codec import ModdedDAC
-from ..model.codec_stream import Rows, StreamingDecoder, compiled_layer_forward
+from ..model.codec_stream import StreamingDecoder
+from ..model.codec_streamers import compiled_layer_forward
+from ..model.stream_state import Rows
 from ..model.tuned_conv import tune_convs, tuning
 from .cuda_graphs import capture
 from .decode_loop import Harvest

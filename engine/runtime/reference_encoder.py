@@ -9,7 +9,7 @@ which the causal encoder sees only after the clip's real frames, whose codes are
 On CUDA a clip encodes on a stream of its own (`start`): the worker thread goes on stepping the
 running sequences, whose steps the encode's kernels share the GPU with, instead of waiting ~50 ms
 for each new voice. Encodes started one after another run in order on that stream; the engine
-starts one at a time (synthesis.ENCODES_IN_FLIGHT), since a burst of them queued at once filled the
+starts one at a time (clip_encodes.ENCODES_IN_FLIGHT), since a burst of them queued at once filled the
 GPU's command buffer and held up every launch behind them.
 """
 
