@@ -27,7 +27,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from graph_timing import microseconds_per_call  # noqa: E402  (this script's folder)
 
-from engine.model import codec as pointwise, conv_kernel as ck  # noqa: E402
+from engine.model import codec_convs as pointwise, conv_kernel as ck  # noqa: E402
 from engine.model.tuned_conv import ShapeTunedConv1d, tuning  # noqa: E402
 
 DTYPE = torch.bfloat16

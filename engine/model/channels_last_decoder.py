@@ -22,7 +22,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from .codec import CausalConv1d, CausalConvTranspose1d, Decoder, DecoderBlock, ResidualUnit, Snake1d
+from .codec import Decoder, DecoderBlock
+from .codec_convs import CausalConv1d, CausalConvTranspose1d, ResidualUnit, Snake1d
 from .stream_state import conv_weight, new_state, read_rows, write_rows, zero_rows
 from .conv_kernel import ChannelsLastOps, Epilogue, taps_of, transposed_as_taps
 

@@ -66,9 +66,8 @@ class StreamingDecoder:
     reset() starts new utterances. The codec's weights are used in place: do not move or cast the
     codec after building its decoder.
 
-    CUDA graphs: a fixed chunk size can be captured once and replayed per chunk (measured on an H100
-    with the S1-mini architecture in bf16: 2.5 ms per 1-frame chunk replayed, 14 ms eager; audio
-    bit-identical). Replays advance the device state but not the host-side `frames` count, so keep a
+    CUDA graphs: a fixed chunk size can be captured once and replayed per chunk (several times faster
+    than eager for small chunks; audio bit-identical). Replays advance the device state but not the host-side `frames` count, so keep a
     replayed stream within the RoPE table (block_size frames: 4096 for S1-mini, ~190 s).
     """
 
@@ -195,9 +194,8 @@ def encode_chunked(codec: ModdedDAC, audio: Tensor, chunk_frames: int) -> Tensor
     """`codec.encode` of a whole clip, computed chunk_frames frames at a time by a StreamingEncoder.
 
     A 10 s reference in fp32 needs ~0.6 GB of activations at once; in chunks, those of one chunk.
-    Same codes up to rounding: exact on the CPU in fp32 (tested); on an H100, where cuDNN runs fp32
-    convolutions in TF32, chunk sizes 64 and 32 gave a few different codes for a 10 s clip (the sum
-    of its codes moved by 0.005 %; 0.07 % with the codec's transformers in int8).
+    Same codes up to rounding: exact on the CPU in fp32 (tested); on GPUs where cuDNN runs fp32
+    convolutions in TF32, different chunk sizes can give a few different codes for a clip.
     """
     if audio.dim() != 3 or audio.shape[1] != 1 or audio.shape[-1] == 0:
         raise ValueError(f"audio must be (B, 1, n) with n > 0, got {tuple(audio.shape)}")

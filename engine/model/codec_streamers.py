@@ -11,26 +11,20 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .channels_last_decoder import ChannelsLastDecoder
-from .codec import (
+from .codec import Decoder, DecoderBlock, Encoder, EncoderBlock
+from .codec_convs import (
     CausalConv1d,
     CausalConvTranspose1d,
     ConvNeXtBlock,
-    Decoder,
-    DecoderBlock,
-    Encoder,
-    EncoderBlock,
-    LayerWeights,
     ResidualUnit,
     Snake1d,
-    WindowLimitedTransformer,
     WNConv,
     biased_residual,
     biased_snake,
     context_snake,
-    layer_forward,
-    layer_weights,
     weight_norm,
 )
+from .codec_transformer import LayerWeights, WindowLimitedTransformer, layer_forward, layer_weights
 from .layers import rope_table
 from .stream_state import Rows, conv_weight, new_state, read_rows, write_rows, zero_rows
 from .tuned_conv import ShapeTunedConv1d

@@ -11,7 +11,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from .codec import WNConv, weight_norm
+from .codec_convs import WNConv, weight_norm
 
 
 @dataclass(frozen=True)

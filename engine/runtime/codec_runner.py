@@ -17,8 +17,7 @@ of them) replay a graph captured per (row bucket, length) instead of launching t
 decodes a bucket of rows: the rows a call does not use point at one spare stream, whose state
 nobody reads, and cost as much GPU time as real ones. The buckets are the powers of two and the
 sizes halfway between them (ROW_BUCKET_STEPS), so that at most a third of the rows a graph decodes
-are padding (half, with powers of two alone: the sustained 64-stream mix of docs/PERFORMANCE.md
-then decoded 17-22% more rows than it had).
+are padding (half, with powers of two alone).
 """
 
 from __future__ import annotations
@@ -49,8 +48,8 @@ from .step_runner import bucket_for
 def set_up_codec(codec: ModdedDAC, policy) -> None:
     """Make the codec's decode path the one the engine's graphs replay. When the policy compiles
     (CUDA with Triton): the decoder streamed on channels-last activations by Triton kernels, and the
-    quantizer's post-transformer layers compiled by Inductor (one layer was ~65 small kernels, most
-    of a small call's GPU time: docs/PERFORMANCE.md), unless its weights are quantized (every
+    quantizer's post-transformer layers compiled by Inductor (eager, one layer is ~65 small kernels,
+    most of a small call's GPU time), unless its weights are quantized (every
     --quantize mode but none gives the codec's transformers int8 weights). Otherwise, with CUDA
     graphs, the decoder's convolutions tuned per shape (timed while a CodecRunner captures)."""
     if policy.compile:
