@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 from loguru import logger
 
+from .config import pdl_requested, use_cache_dirs
 from .errors import DeviceError
 
 
@@ -105,12 +106,6 @@ class CompilePolicy:
         return f"{mode} ({self.reason})"
 
 
-def pdl_requested() -> bool:
-    """Programmatic dependent launch unless turned off: Inductor's own switch turns it off for our
-    kernels too (our backend would otherwise set it over the user's choice)."""
-    return os.environ.get("TORCHINDUCTOR_ENABLE_PDL", "1") != "0"
-
-
 @functools.cache
 def _has_pdl(device_index: int) -> bool:
     # ROCm reports its own architectures as capabilities (9.0 and up on MI200/MI300), and has no
@@ -188,9 +183,9 @@ def single_row_matmul(a: torch.Tensor, b: torch.Tensor):
 
 
 def decide(mode: str, device: torch.device, env: Environment | None = None,
-           compile_mode: str = "default", quantize: str = "none") -> CompilePolicy:
+           compile_mode: str = "default", quantize: str = "none", fused_projections: bool = True) -> CompilePolicy:
     """mode: auto | on | off (flag or S1_MINI_COMPILE); compile_mode: default | max-autotune;
-    quantize: the transformer's --quantize mode."""
+    quantize: the transformer's --quantize mode; fused_projections: EngineConfig's."""
     env = env or Environment.detect()
     if device.type != "cuda":
         if mode == "on":
@@ -203,10 +198,8 @@ def decide(mode: str, device: torch.device, env: Environment | None = None,
             raise DeviceError("--compile needs Triton, which is not installed here (on Windows: pip install "
                               "triton-windows matching your torch); use --no-compile to run eager")
         return CompilePolicy(False, True, f"no Triton on {env.os}: eager step in CUDA graphs")
-    pdl = pdl_requested()
-    fused = os.environ.get("S1_MINI_FUSED_PROJECTIONS", "1") != "0"  # 0: for comparisons (scripts/profile_step.py)
     return CompilePolicy(True, True, f"CUDA with Triton {env.triton} on {env.os}", compile_mode, quantize == "int8",
-                         pdl, fused)
+                         pdl_requested(), fused_projections)
 
 
 def _inductor_default_cache_dir() -> str | None:
@@ -240,17 +233,13 @@ def configure_caches(cache_root: Path) -> dict[str, str]:
         "TORCHINDUCTOR_CACHE_DIR": str(cache_root / "inductor"),
         "TRITON_CACHE_DIR": str(cache_root / "triton"),
     }
-    torch_defaults = {"TORCHINDUCTOR_CACHE_DIR": _inductor_default_cache_dir()}
-    for var, path in dirs.items():
-        # Importing torch._dynamo writes Inductor's default (a temp dir, lost on reboot) into the
-        # environment: that value is torch's, not the user's, so ours replaces it.
-        if os.environ.get(var) in (None, torch_defaults.get(var)):
-            os.environ[var] = path
-        Path(os.environ[var]).mkdir(parents=True, exist_ok=True)
+    dirs = use_cache_dirs(dirs, {"TORCHINDUCTOR_CACHE_DIR": _inductor_default_cache_dir()})
+    for path in dirs.values():
+        Path(path).mkdir(parents=True, exist_ok=True)
     _pin_ptxas()
     import torch._functorch.config as functorch_config
     import torch._inductor.config as inductor_config
 
     apply_settings(inductor_config, {"fx_graph_cache": True, "autotune_local_cache": True})
     apply_settings(functorch_config, {"enable_autograd_cache": True})
-    return {var: os.environ[var] for var in dirs}
+    return dirs

@@ -1,7 +1,9 @@
 """EngineConfig: the one validated set of engine settings.
 
 Built from keyword arguments (launch.py flags, the engine CLI, tests) with `S1_MINI_*` environment
-variables as fallbacks. This is the only module that reads the environment for engine settings.
+variables as fallbacks. This is the only module of the engine that reads the environment: the
+engine's settings, and the two torch variables the engine must respect (pdl_requested,
+use_cache_dirs).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 
 from .errors import InputError
+from .runtime.scheduler import ADMIT_GATHER_STEPS, ADMIT_MIN_LEAD_S, READ_BACK_LAG, SchedulerConfig
 
 DEFAULT_REPO_ID = "fishaudio/openaudio-s1-mini"
 DEFAULT_LOCAL_CHECKPOINT = Path("checkpoints/openaudio-s1-mini")
@@ -54,20 +57,23 @@ class EngineConfig:
     exact_sampling: bool = False
     # CUDA: the GPU worker thread's own work (prefill, copies) and its step graphs go on
     # high-priority streams, ahead of the codec's and reference encodes' low-priority ones
-    # (Synthesizer.claim_thread).
-    decode_priority: bool = True  # the decode steps outrank the codec on the GPU (docs/PERFORMANCE.md)
+    # (graph_capture.use_high_priority_stream).
+    decode_priority: bool = True
     # Python's GIL switch interval (its default is 5 ms), set process-wide when the engine starts;
     # 0 = leave it as it is. The GPU worker thread, which launches every step, waits up to this long
-    # for the GIL when the web server's threads hold it (docs/PERFORMANCE.md).
+    # for the GIL when the web server's threads hold it.
     switch_interval_ms: float = 0.5
     # Steps the GPU worker launches after a step before it reads that step's frame counts: the
     # steps queued ahead of the GPU while the host hands out frames (engine/runtime/scheduler.py).
-    read_back_lag: int = 2
+    read_back_lag: int = READ_BACK_LAG
     # Admission while sequences run (engine/runtime/scheduler.py): steps a new arrival waits for
-    # others to share its prefill call (ADMIT_GATHER_STEPS), and the audio, in seconds, every new
-    # listener must have ahead before more requests are admitted (ADMIT_MIN_LEAD_S); 0 turns either off.
-    admit_gather_steps: int = 4
-    admit_min_lead_s: float = 0.25
+    # others to share its prefill call, and the audio, in seconds, every new listener must have
+    # ahead before more requests are admitted; 0 turns either off.
+    admit_gather_steps: int = ADMIT_GATHER_STEPS
+    admit_min_lead_s: float = ADMIT_MIN_LEAD_S
+    # Fused Triton kernels for the decode step's projections where they apply; False: compiled
+    # matmuls (for comparisons).
+    fused_projections: bool = True
 
     def __post_init__(self):
         _one_of("device", self.device.split(":")[0], DEVICES)
@@ -87,13 +93,12 @@ class EngineConfig:
             raise InputError(f"max_context must be >= 0 (0 = the model's maximum), got {self.max_context}")
         if self.max_reference_seconds <= 0:
             raise InputError("max_reference_seconds must be positive")
-        if self.read_back_lag < 1:
-            raise InputError(f"read_back_lag must be at least 1, got {self.read_back_lag}")
-        if self.admit_gather_steps < 0 or self.admit_min_lead_s < 0:
-            raise InputError(f"admit_gather_steps and admit_min_lead_s must be >= 0 (0 = off), got "
-                             f"{self.admit_gather_steps} and {self.admit_min_lead_s}")
+        self.scheduler_config()  # validates the scheduler's settings
         if self.switch_interval_ms < 0:
             raise InputError(f"switch_interval_ms must be >= 0 (0 = leave it as it is), got {self.switch_interval_ms}")
+
+    def scheduler_config(self) -> SchedulerConfig:
+        return SchedulerConfig(self.read_back_lag, self.admit_gather_steps, self.admit_min_lead_s)
 
     @classmethod
     def from_env(cls, environ: dict | None = None, **overrides) -> "EngineConfig":
@@ -131,3 +136,21 @@ def _parse(name: str, raw: str, type_name: str):
     except ValueError:
         raise InputError(f"S1_MINI_{name.upper()} must be a number, got {raw!r}") from None
     return text
+
+
+def pdl_requested(environ=None) -> bool:
+    """Programmatic dependent launch unless turned off: Inductor's own switch turns it off for our
+    kernels too (our backend would otherwise set it over the user's choice)."""
+    environ = os.environ if environ is None else environ
+    return environ.get("TORCHINDUCTOR_ENABLE_PDL", "1") != "0"
+
+
+def use_cache_dirs(dirs: dict[str, str], torch_defaults: dict[str, str | None]) -> dict[str, str]:
+    """Point torch's cache variables (name -> dir) at `dirs` unless the user already did, and return
+    the dirs in effect. A variable holding torch's default (`torch_defaults`) counts as unset:
+    importing torch._dynamo writes Inductor's default (a temp dir, lost on reboot) into the
+    environment, and that value is torch's, not the user's."""
+    for var, path in dirs.items():
+        if os.environ.get(var) in (None, torch_defaults.get(var)):
+            os.environ[var] = path
+    return {var: os.environ[var] for var in dirs}

@@ -26,15 +26,17 @@ from .device import memory_gb, slots_that_fit
 from .errors import InputError, VoiceNotFoundError
 from .loader import LoadedModels, load_models
 from .params import SamplingParams
-from .references import DecodedClips, ReferenceCodeCache, VoiceStore, default_cache_dir, default_voices_dir
+from .references import DecodedClips, ReferenceCodeCache, default_cache_dir, default_voices_dir
+from .core import EngineCore
+from .request import AudioChunk, PreparedRequest, ReferenceClip
+from .request_run import MIN_GENERATION_ROOM
 from .runtime.kv_cache import bytes_per_slot
 from .runtime.worker import GPUWorker
-from .synthesis import MIN_GENERATION_ROOM, AudioChunk, PreparedRequest, ReferenceClip, Synthesizer
 from .text.prompt import text_part, voice_prefix
 from .text.splitter import split_text
+from .voice_store import VoiceStore
 
 WARMUP_TEXT = "Hello world."
-PREFIX_CACHE_BYTES = 2 * 1024**3  # prefilled voice prefixes kept on the device (~18k positions at full size)
 
 
 @dataclass(frozen=True)
@@ -80,7 +82,7 @@ class TTSEngine:
         self.reference_cache = ReferenceCodeCache(cache_dir / "reference-codes", fingerprint=models.fingerprint)
         self._decoded_clips = DecodedClips(self._decode_clip)
         self.policy = compilation.decide(config.compile, models.placement.device, compile_mode=config.compile_mode,
-                                          quantize=config.quantize)
+                                          quantize=config.quantize, fused_projections=config.fused_projections)
         if self.policy.compile:
             compilation.configure_caches(cache_dir / "compile")
         c = models.model.config
@@ -89,19 +91,14 @@ class TTSEngine:
             config.max_batch_size,
             bytes_per_slot(c.n_layer, c.n_local_heads, capacity, c.head_dim, models.placement.dtype),
             models.placement.device)
-        codec = models.codec.config
-        reference_frames = math.ceil(config.max_reference_seconds * codec.frame_rate)
-        self._synthesizer = Synthesizer(models, self.reference_cache, self.policy, config.exact_sampling,
-                                       capacity, self.slots, PREFIX_CACHE_BYTES, reference_frames,
-                                       decode_priority=config.decode_priority, read_back_lag=config.read_back_lag,
-                                       admit_gather_steps=config.admit_gather_steps,
-                                       admit_min_lead_s=config.admit_min_lead_s)
+        self._core = EngineCore(config, models, self.reference_cache, self.policy, slots=self.slots,
+                                capacity=capacity)
         if config.switch_interval_ms:
             sys.setswitchinterval(config.switch_interval_ms / 1000)
         self.voices = VoiceStore(default_voices_dir(config.voices_dir), max_seconds=config.max_reference_seconds,
                                  check_voice=self._check_voice_fits)
-        self._worker = GPUWorker(self.slots + config.max_queue, iterate=self._synthesizer.iterate,
-                                 on_start=self._synthesizer.claim_thread)
+        self._worker = GPUWorker(self.slots + config.max_queue, step=self._core.step,
+                                 on_start=self._core.set_stream_priority)
         self._stats_lock = threading.Lock()
         self._counters = {"requests_total": 0, "errors_total": 0, "frames_total": 0, "audio_seconds_total": 0.0}
         self._last_frames_per_s: float | None = None
@@ -116,7 +113,7 @@ class TTSEngine:
 
     @property
     def sample_rate(self) -> int:
-        return self._synthesizer.sample_rate
+        return self._core.sample_rate
 
     # ---- synthesis ----------------------------------------------------------------------------
 
@@ -167,7 +164,7 @@ class TTSEngine:
         samples, key = self._decoded_clips.get(audio)
         codes = self.reference_cache.cached_copy(key)
         if codes is None:
-            codes = self._worker.call(lambda: self._synthesizer.reference_encoder.encode(samples))
+            codes = self._worker.call(lambda: self._core.reference_encoder.encode(samples))
             self.reference_cache.put(key, codes)
         return codes.numpy()
 
@@ -183,7 +180,7 @@ class TTSEngine:
         for row, limit in enumerate(limits):
             if codes[row].min() < 0 or codes[row].max() >= limit:
                 raise InputError(f"codebook {row}'s codes must be in 0..{limit - 1}")
-        limit = self._synthesizer.capacity
+        limit = self._core.capacity
         if codes.shape[1] > limit:
             raise InputError(f"{codes.shape[1]} frames is over this server's limit of {limit}; decode fewer at a time")
         tensor = torch.from_numpy(codes.astype(np.int64))[None]
@@ -200,8 +197,8 @@ class TTSEngine:
         or when more requests arrive than can run (see Scheduler). Returns the seconds it took."""
 
         def prepare_then_capture_more() -> float:
-            seconds = self._synthesizer.prepare()
-            self._worker.when_idle(self._synthesizer.capture_more)
+            seconds = self._core.prepare()
+            self._worker.when_idle(self._core.capture_more)
             return seconds
 
         return self._worker.call(prepare_then_capture_more)
@@ -218,11 +215,11 @@ class TTSEngine:
         """Capture every remaining batch graph now, as soon as no request is in flight (benchmarks,
         tests); returns the seconds it took."""
         started = time.perf_counter()
-        runner = self._synthesizer.runner
+        runner = self._core.runner
         while runner.pending_batches:
             if time.perf_counter() - started > timeout_s:
                 raise RuntimeError(f"the engine stayed busy for {timeout_s:.0f} s: no batch graphs captured")
-            if self._worker.in_flight == 0 and self._worker.call(lambda: self._synthesizer.capture_more(self.slots)):
+            if self._worker.in_flight == 0 and self._worker.call(lambda: self._core.capture_more(self.slots)):
                 continue
             time.sleep(0.01)  # requests still running, or their last step's read-back: try again
         return time.perf_counter() - started
@@ -235,7 +232,7 @@ class TTSEngine:
     @property
     def slots_ready(self) -> int:
         """Sequences that can run at once now (reaches `slots` once every batch's graphs are captured)."""
-        return min(self._synthesizer.runner.ready_slots, self.slots)
+        return min(self._core.runner.ready_slots, self.slots)
 
     @property
     def in_flight(self) -> int:
@@ -245,13 +242,13 @@ class TTSEngine:
     @property
     def capturing(self) -> bool:
         """Larger batches' graphs are still to be captured (False once all are, or after a failed capture)."""
-        return bool(self._synthesizer.runner.pending_batches)
+        return bool(self._core.runner.pending_batches)
 
     def _stream_chunks(self, text, references, voice, params, stats: dict) -> Iterator[AudioChunk]:
         called = time.perf_counter()
         request = self._prepare(text, references, voice, params)
         started = time.perf_counter()
-        job = self._worker.submit(lambda j: self._synthesizer.start(request, j))
+        job = self._worker.submit(lambda j: self._core.start(request, j))
         frames, samples = 0, 0
         try:
             for chunk in job.results():
@@ -312,7 +309,7 @@ class TTSEngine:
         codes = torch.zeros(n, max(frames, 1), dtype=torch.long)
         prefix = voice_prefix(model.tokenizer, [(transcript, codes)], n)
         length = prefix.shape[1] + text_part(model.tokenizer, "a", n).shape[1]
-        limit = self._synthesizer.capacity - MIN_GENERATION_ROOM
+        limit = self._core.capacity - MIN_GENERATION_ROOM
         if length > limit:
             raise InputError(f"this voice's prompt (transcript and clip) is {length} positions long, over this "
                              f"model's limit of {limit}; use a shorter transcript and clip")
@@ -336,7 +333,7 @@ class TTSEngine:
 
     def stats(self) -> dict:
         placement = self.models.placement
-        scheduler = self._synthesizer.scheduler
+        scheduler = self._core.scheduler
         allocated, peak = memory_gb(placement.device)
         with self._stats_lock:
             counters = dict(self._counters)
@@ -353,7 +350,7 @@ class TTSEngine:
             "slots": self.slots,
             "slots_ready": self.slots_ready,
             "capturing": self.capturing,
-            "prefix_cache": self._synthesizer.prefix_cache.stats(),
+            "prefix_cache": self._core.prefix_cache.stats(),
             "frames_per_s": self._last_frames_per_s,
             "ready": self.is_ready,
             "reference_cache": self.reference_cache.stats(),

@@ -15,7 +15,8 @@ from .config import EngineConfig
 from .device import Placement, choose_placement
 from .model.codec import ModdedDAC, load_codec, random_codec
 from .model.codec_config import CodecConfig
-from .model.dual_ar import DualARConfig, DualARTransformer, TokenLayout
+from .model.dual_ar import DualARTransformer, TokenLayout
+from .model.dual_ar_config import DualARConfig
 from .model.loading import load_dual_ar, random_dual_ar
 from .quantization import check_supported, load_quantized, quantize_codec, quantize_models, saved_quantization
 from .text.tokenizer import S1Tokenizer

@@ -34,8 +34,10 @@ from loguru import logger
 
 from .device import Placement
 from .errors import CheckpointError, DeviceError, InputError
-from .model.codec import ModdedDAC, WindowLimitedTransformer
-from .model.dual_ar import DualARConfig, DualARTransformer, TokenLayout
+from .model.codec import ModdedDAC
+from .model.codec_transformer import WindowLimitedTransformer
+from .model.dual_ar import DualARTransformer, TokenLayout
+from .model.dual_ar_config import DualARConfig
 from .model.loading import check_state_matches, read_state_dict
 
 INFO_FILE = "quantization.json"
@@ -87,10 +89,9 @@ def quantize_transformer(model: DualARTransformer, mode: str) -> None:
 
 # int8 keeps the QKV projection in the model's dtype: its per-row scale would sit between the matmul
 # and the qk-norm, RoPE and KV write of a one-row step, which Inductor then splits into six kernels
-# per layer instead of three, costing more than the int8 matmul saves (docs/PERFORMANCE.md). It is
-# a quarter of a block's weights (+125 MB over all-int8 at full size). Measured before the fused
-# batch-1 projections (model/fused_linear.py), which apply the scale inside their kernel: an int8
-# QKV may pay off now, but has not been measured.
+# per layer instead of three, costing more than the int8 matmul saves. It is a quarter of a
+# block's weights (+125 MB over all-int8 at full size). The fused batch-1 projections
+# (model/fused_linear.py) apply the scale inside their kernel, where an int8 QKV may pay off.
 _INT8_KEEPS = ("attention.wqkv",)
 
 

@@ -112,8 +112,8 @@ def measure_in_process(settings: dict, args) -> dict:
     engine.warmup()
     engine.capture_all()  # every batch bucket's graphs, for the concurrency sweep
     after_warmup = torch.cuda.max_memory_allocated(device) / 1e9 if device.type == "cuda" else None
-    runner = engine._synthesizer.runner
-    scheduler = engine._synthesizer.scheduler
+    runner = engine._core.runner
+    loop = engine._core.decode_loop
     prompt = synthetic_prompt(engine, args.prompt_positions).to(device)
 
     def decode_run(seed):
@@ -124,10 +124,10 @@ def measure_in_process(settings: dict, args) -> dict:
         sync(device)
         t1 = time.perf_counter()
         spec = SequenceSpec(prompt, 0.8, 0.8, 1.1, seed, args.frames, stop_at_end=False)
-        scheduler.submit(spec, _Sink())
+        loop.submit(spec, _Sink())
         frames = 0
-        while scheduler.busy:
-            frames += sum(h.codes.shape[1] for h in scheduler.iteration())
+        while loop.busy:
+            frames += sum(h.codes.shape[1] for h in loop.step())
         sync(device)
         t2 = time.perf_counter()
         # The scheduler prefills again: subtract one prefill from the decode wall time.
@@ -204,7 +204,7 @@ def _time_codec(engine, codes) -> float:
     from engine.runtime.scheduler import BLOCK, RAMP
 
     device = engine.models.placement.device
-    runner = engine._synthesizer.codec_runner
+    runner = engine._core.codec_runner
     codes = codes.to(device)
     sync(device)
     t0 = time.perf_counter()

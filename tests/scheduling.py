@@ -1,11 +1,11 @@
-"""Helpers for driving a Scheduler or a StepRunner directly in tests: an owner that records what it
+"""Helpers for driving a DecodeLoop or a StepRunner directly in tests: an owner that records what it
 is given, and a check that two runners prefilled the same keys and values."""
 
 from __future__ import annotations
 
 import torch
 
-from engine.runtime.scheduler import Scheduler
+from engine.runtime.decode_loop import DecodeLoop
 
 
 class Collector:
@@ -31,15 +31,20 @@ class Collector:
         return torch.cat(self.blocks, dim=1)
 
 
-def run_until_idle(scheduler: Scheduler, on_iteration=lambda i: None, limit: int = 10_000) -> int:
-    """Iterate until nothing runs or waits; on_iteration(i) runs before iteration i. Returns iterations."""
+def step(loop: DecodeLoop) -> None:
+    """One step, its frames handed to their owners."""
+    for h in loop.step():
+        h.owner.take(h.codes, h.first, h.final)
+
+
+def run_until_idle(loop: DecodeLoop, on_step=lambda i: None, limit: int = 10_000) -> int:
+    """Step until nothing runs or waits; on_step(i) runs before step i. Returns the steps."""
     for i in range(limit):
-        on_iteration(i)
-        if not scheduler.busy:
+        on_step(i)
+        if not loop.busy:
             return i
-        for h in scheduler.iteration():
-            h.owner.take(h.codes, h.first, h.final)
-    raise AssertionError(f"still busy after {limit} iterations")
+        step(loop)
+    raise AssertionError(f"still busy after {limit} steps")
 
 
 def assert_same_kv(cache, other, rows, tolerance: float) -> None:

@@ -18,7 +18,7 @@ import httpx
 import numpy as np
 import pytest
 
-from engine.references import VoiceStore
+from engine.voice_store import VoiceStore
 from tests.test_app_support import FAST, ROOT, DemoServer, assert_audio, error_message, reference_clip_wav
 
 KEY = "hardening-key-8d1f0c"

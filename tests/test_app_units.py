@@ -13,7 +13,7 @@ from app.errors import INTERNAL_MESSAGE, HTTPProblem, problem_for
 from app.server import create_app
 from app.settings import AppSettings
 from engine.errors import CheckpointError, InputError, QueueFullError, VoiceExistsError, VoiceNotFoundError
-from engine.references import VoiceStore
+from engine.voice_store import VoiceStore
 
 # ---- request bodies ----------------------------------------------------------------------------
 

@@ -98,7 +98,7 @@ def test_rows_whose_padded_columns_would_pass_the_cache_end_are_prefilled_apart(
 def test_the_step_sampler_units_trace_whole_and_equal_their_plain_calls(s1_dir, s1_expected):
     """The compiled step compiles sample_first_code and sample_and_embed as regions of their own
     (fullgraph, the head object an argument): traced, they give the plain call's ids and inputs."""
-    from engine.runtime.generate import FullVocabHead, SemanticHead, sample_and_embed, sample_first_code
+    from engine.runtime.frame_sampler import FullVocabHead, SemanticHead, sample_and_embed, sample_first_code
     from engine.runtime.sampling import SamplingTensors
 
     ids = s1_expected["special_ids"]
@@ -133,7 +133,7 @@ def test_the_step_embedding_and_bookkeeping_units_trace_whole_and_equal_their_pl
     it does, idle rows and a row ending on <|im_end|> included."""
     from engine.model.dual_ar import embed_and_rotation
     from engine.runtime.decode_step import record_frame
-    from engine.runtime.generate import sampling_inputs
+    from engine.runtime.frame_sampler import sampling_inputs
 
     ids = s1_expected["special_ids"]
     model = load_dual_ar(s1_dir, TokenLayout(ids["semantic_begin"], ids["semantic_end"], ids["im_end"]),

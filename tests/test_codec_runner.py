@@ -16,7 +16,8 @@ import engine.runtime.codec_runner as codec_runner
 from engine.config import EngineConfig
 from engine.loader import load_models
 from engine.model.codec_stream import StreamingDecoder
-from engine.runtime.scheduler import BLOCK_SIZES, Harvest
+from engine.runtime.decode_loop import Harvest
+from engine.runtime.scheduler import BLOCK_SIZES
 from engine.runtime.step_runner import bucket_for
 
 

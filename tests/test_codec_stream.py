@@ -14,9 +14,11 @@ import numpy as np
 import pytest
 import torch
 
-from engine.model.codec import WindowLimitedTransformer, layer_forward, load_codec, random_codec
+from engine.model.codec import load_codec, random_codec
+from engine.model.codec_transformer import WindowLimitedTransformer, layer_forward
 from engine.model.codec_config import CodecConfig
-from engine.model.codec_stream import StreamingDecoder, StreamingEncoder, decode_chunked, encode_chunked, compiled_layer_forward
+from engine.model.codec_stream import StreamingDecoder, StreamingEncoder, decode_chunked, encode_chunked
+from engine.model.codec_streamers import compiled_layer_forward
 from engine.runtime.cuda_graphs import capture
 
 T = 120  # frames: longer than every window and receptive field of the test codecs

@@ -136,15 +136,15 @@ def test_stream_yields_the_same_audio_as_synthesize(engine):
     assert np.array_equal(np.concatenate(chunks), whole.audio)
 
 
-def run_synthesizer(engine, text, params):
-    """AudioChunks straight from the synthesizer (the facade hides text-chunk boundaries)."""
+def run_core(engine, text, params):
+    """AudioChunks straight from the engine core (the facade hides text-chunk boundaries)."""
     request = engine._prepare(text, (), None, params)
-    return list(engine._worker.submit(lambda job: engine._synthesizer.start(request, job)).results())
+    return list(engine._worker.submit(lambda job: engine._core.start(request, job)).results())
 
 
 def test_long_text_chunks_join_without_clicks(engine):
     text = " ".join(f"Sentence number {i} is here." for i in range(15))
-    chunks = run_synthesizer(engine, text, SamplingParams(max_new_tokens=8, seed=5, chunk_length=100))
+    chunks = run_core(engine, text, SamplingParams(max_new_tokens=8, seed=5, chunk_length=100))
     by_text_chunk = {}
     for chunk in chunks:
         by_text_chunk.setdefault(chunk.text_chunk, []).append(chunk.samples)
@@ -158,10 +158,10 @@ def test_long_text_chunks_join_without_clicks(engine):
 
 def test_streamed_audio_equals_a_whole_decode_of_the_same_codes(engine, monkeypatch):
     decoded = []
-    decoder = engine._synthesizer.codec_runner.decoder
+    decoder = engine._core.codec_runner.decoder
     real_decode = decoder.decode
     monkeypatch.setattr(decoder, "decode", lambda codes, rows: decoded.append(codes) or real_decode(codes, rows))
-    chunks = run_synthesizer(engine, "One single chunk of text.", SamplingParams(max_new_tokens=40, seed=9))
+    chunks = run_core(engine, "One single chunk of text.", SamplingParams(max_new_tokens=40, seed=9))
     streamed = np.concatenate([c.samples for c in chunks])
     assert len(decoded) > 1  # it really streamed in several blocks
     with torch.inference_mode():
@@ -171,11 +171,11 @@ def test_streamed_audio_equals_a_whole_decode_of_the_same_codes(engine, monkeypa
 
 
 def test_later_chunks_reuse_the_first_chunks_voice(engine, monkeypatch):
-    from engine import synthesis
+    from engine import voice_prompts
     from engine.runtime.scheduler import Scheduler
 
     voices, specs = [], []
-    real_prefix, real_submit = synthesis.voice_prefix, Scheduler.submit
+    real_prefix, real_submit = voice_prompts.voice_prefix, Scheduler.submit
 
     def spy_prefix(tokenizer, references, num_codebooks):
         voices.append([(t, c.clone()) for t, c in references])
@@ -185,7 +185,7 @@ def test_later_chunks_reuse_the_first_chunks_voice(engine, monkeypatch):
         specs.append(spec)
         return real_submit(scheduler, spec, owner, front=front)
 
-    monkeypatch.setattr(synthesis, "voice_prefix", spy_prefix)
+    monkeypatch.setattr(voice_prompts, "voice_prefix", spy_prefix)
     monkeypatch.setattr(Scheduler, "submit", spy_submit)
     text = "The first part of the story is told here. " * 5 + "Then the second part follows after it."
     engine.synthesize(text, params=SamplingParams(max_new_tokens=10, seed=11, chunk_length=100))
@@ -201,21 +201,21 @@ def test_later_chunks_reuse_the_first_chunks_voice(engine, monkeypatch):
         assert torch.equal(spec.prompt[:, :voice.shape[1]].cpu().long(), voice.long())
 
 
-def test_voice_prompts_are_kept_by_clip_and_transcript_up_to_a_bound(engine, monkeypatch):
-    from engine import synthesis
+def test_voice_prompts_are_kept_by_clip_and_transcript_up_to_a_bound(engine):
+    from engine.request import ReferenceClip
+    from engine.voice_prompts import VoicePromptCache, voice_prefix
 
-    monkeypatch.setattr(synthesis, "VOICE_PROMPTS_KEPT", 2)
-    synth, samples = engine._synthesizer, np.zeros(10, dtype=np.float32)
-    codes = [torch.zeros(engine.models.model.config.num_codebooks, 5, dtype=torch.long)]
-    clips = [[synthesis.ReferenceClip(samples, f"Transcript {i}.", "same-clip-key")] for i in range(3)]
-    assert synth.voice_prompt(clips[0]) is None  # not built yet
-    first = synth.voice_prompt(clips[0], codes)
-    assert torch.equal(first[0], synthesis.voice_prefix(engine.models.tokenizer, [("Transcript 0.", codes[0])],
-                                                        engine.models.model.config.num_codebooks))
-    assert synth.voice_prompt(clips[0]) is first
-    assert synth.voice_prompt(clips[1], codes)[1] != first[1]  # another transcript, another prompt
-    synth.voice_prompt(clips[2], codes)
-    assert synth.voice_prompt(clips[0]) is None and synth.voice_prompt(clips[2]) is not None  # oldest evicted
+    num_codebooks = engine.models.model.config.num_codebooks
+    prompts, samples = VoicePromptCache(engine.models.tokenizer, num_codebooks, kept=2), np.zeros(10, dtype=np.float32)
+    codes = [torch.zeros(num_codebooks, 5, dtype=torch.long)]
+    clips = [[ReferenceClip(samples, f"Transcript {i}.", "same-clip-key")] for i in range(3)]
+    assert prompts.get(clips[0]) is None  # not built yet
+    first = prompts.get(clips[0], codes)
+    assert torch.equal(first[0], voice_prefix(engine.models.tokenizer, [("Transcript 0.", codes[0])], num_codebooks))
+    assert prompts.get(clips[0]) is first
+    assert prompts.get(clips[1], codes)[1] != first[1]  # another transcript, another prompt
+    prompts.get(clips[2], codes)
+    assert prompts.get(clips[0]) is None and prompts.get(clips[2]) is not None  # oldest evicted
 
 
 def test_voice_clone_and_saved_voice(engine, speech):
@@ -234,7 +234,7 @@ def test_voice_clone_and_saved_voice(engine, speech):
     engine.synthesize("Cloned once more.", references=[retold], params=FAST)
     last = engine.reference_cache.stats()
     assert last["misses"] == after["misses"] and last["memory_hits"] == after["memory_hits"] + 1
-    assert not engine._synthesizer._encoding and engine.in_flight == 0
+    assert not engine._core.clip_encodes._encoding and engine.in_flight == 0
 
     engine.voices.add("fox", speech.variant("flac"), transcript)
     saved = engine.synthesize("Saved voice.", voice="fox", params=FAST)
@@ -378,8 +378,8 @@ def test_a_failed_batch_capture_is_logged_and_the_engine_serves_on(failing, tmp_
     engine = TTSEngine.from_config(EngineConfig(demo=True, cache_dir=str(tmp_path / "cache"),
                                                 voices_dir=str(tmp_path / "voices")))
     try:
-        synth = engine._synthesizer
-        runner = synth.runner
+        core = engine._core
+        runner = core.runner
         runner.ready_slots = 1
         monkeypatch.setattr(StepRunner, "pending_batches", property(lambda self: [] if self.capture_stopped else [2]))
 
@@ -391,10 +391,10 @@ def test_a_failed_batch_capture_is_logged_and_the_engine_serves_on(failing, tmp_
             return 0.0
 
         monkeypatch.setattr(runner, "prepare", fail if failing == "step" else step_captured)
-        monkeypatch.setattr(synth.codec_runner, "prepare", fail if failing == "codec" else lambda batches: 0.0)
+        monkeypatch.setattr(core.codec_runner, "prepare", fail if failing == "codec" else lambda batches: 0.0)
         engine.capture_all(timeout_s=30)
         assert runner.capture_stopped and not engine.capturing
-        assert runner.ready_slots == engine.slots_ready == 1 and not synth.scheduler.needs_capture
+        assert runner.ready_slots == engine.slots_ready == 1 and not core.scheduler.needs_capture
         with ThreadPoolExecutor(3) as pool:  # more requests than batch 1: they take turns
             results = list(pool.map(lambda s: engine.synthesize("Still serving.", params=SamplingParams(
                 max_new_tokens=8, seed=s)), range(3)))
@@ -420,7 +420,7 @@ def hold_encodes(eng, monkeypatch, fail_on: int = 0):
     """Reference encodes give their real codes only once the returned event is set, and start
     number `fail_on` (1-based; 0: none) raises; returns (that event, the sample count of each
     encode started)."""
-    encoder = eng._synthesizer.reference_encoder
+    encoder = eng._core.clip_encodes.encoder
     real_start, released, starts = encoder.start, threading.Event(), []
 
     def start(samples):
@@ -504,7 +504,7 @@ def test_requests_run_while_a_new_voice_encodes_and_one_encode_serves_every_requ
 def test_a_request_waiting_for_its_voice_survives_a_failed_decode_step(fresh_engine, speech, monkeypatch):
     eng = fresh_engine
     released, starts = hold_encodes(eng, monkeypatch)
-    runner = eng._synthesizer.runner
+    runner = eng._core.runner
     real_step = runner.step
 
     def failing_step(*args):
@@ -528,51 +528,51 @@ def _distinct_clips(speech, gains):
 
 
 def test_new_voices_encode_a_few_at_a_time(fresh_engine, speech, monkeypatch):
-    from engine.synthesis import ENCODES_IN_FLIGHT
+    from engine.clip_encodes import ENCODES_IN_FLIGHT
 
     eng = fresh_engine
     released, starts = hold_encodes(eng, monkeypatch)
     gains = [1.0 - 0.1 * i for i in range(ENCODES_IN_FLIGHT + 2)]
     refs = _distinct_clips(speech, gains)
     voiced = [in_background(eng.synthesize, f"Voiced {i}.", references=[ref], params=FAST) for i, ref in enumerate(refs)]
-    wait_for(lambda: len(eng._synthesizer._encoding) == len(refs))  # all asked for
+    wait_for(lambda: len(eng._core.clip_encodes._encoding) == len(refs))  # all asked for
     worker_iterations(eng)  # each iteration starts waiting encodes while fewer than ENCODES_IN_FLIGHT run
     assert len(starts) == ENCODES_IN_FLIGHT
     released.set()
     results = [f.result(timeout=120) for f in voiced]
     assert len(starts) == len(refs) and all(len(r.audio) > 0 for r in results)
-    assert not eng._synthesizer._encoding and eng.reference_cache.stats()["misses"] == len(refs)
+    assert not eng._core.clip_encodes._encoding and eng.reference_cache.stats()["misses"] == len(refs)
 
 
 def test_a_clip_whose_encode_fails_to_start_after_waiting_fails_only_its_requests(fresh_engine, speech, monkeypatch):
-    eng, synth = fresh_engine, fresh_engine._synthesizer
+    eng, encodes = fresh_engine, fresh_engine._core.clip_encodes
     released, starts = hold_encodes(eng, monkeypatch, fail_on=2)
     first, second = _distinct_clips(speech, (1.0, 0.5))
     ok = in_background(eng.synthesize, "First voice.", references=[first], params=FAST)
     wait_for(lambda: len(starts) == 1)
     doomed = [in_background(eng.synthesize, f"Second voice {i}.", references=[second], params=FAST) for i in range(2)]
-    wait_for(lambda: len(synth._encoding) == 2 and len(synth._awaiting_voice) == 3)  # the second clip waits its turn
+    wait_for(lambda: len(encodes._encoding) == 2 and len(encodes._awaiting) == 3)  # the second clip waits its turn
     released.set()  # the first encode finishes; the second one's start then fails
     assert len(ok.result(timeout=120).audio) > 0
     for future in doomed:
         with pytest.raises(RuntimeError, match="encoder out of order"):
             future.result(timeout=120)
-    wait_for(lambda: not synth._encoding and not synth._awaiting_voice)
+    wait_for(lambda: not encodes._encoding and not encodes._awaiting)
     assert len(eng.synthesize("Second voice again.", references=[second], params=FAST).audio) > 0  # not stuck
 
 
 def test_a_queued_clip_whose_requests_all_went_away_is_not_encoded(fresh_engine, speech, monkeypatch):
-    eng, synth = fresh_engine, fresh_engine._synthesizer
+    eng, encodes = fresh_engine, fresh_engine._core.clip_encodes
     released, starts = hold_encodes(eng, monkeypatch)
     first, second = _distinct_clips(speech, (1.0, 0.5))
     ok = in_background(eng.synthesize, "First voice.", references=[first], params=FAST)
     wait_for(lambda: len(starts) == 1)
     stream = eng.synthesize_stream("Second voice.", references=[second], params=FAST)
     reader = in_background(next, stream, None)
-    wait_for(lambda: len(synth._awaiting_voice) == 2)
-    next(run for run in synth._awaiting_voice if run.request.chunks == ["Second voice."]).job.cancel()
-    wait_for(lambda: len(synth._awaiting_voice) == 1 and len(synth._encoding) == 1)
+    wait_for(lambda: len(encodes._awaiting) == 2)
+    next(run for run in encodes._awaiting if run.request.chunks == ["Second voice."]).job.cancel()
+    wait_for(lambda: len(encodes._awaiting) == 1 and len(encodes._encoding) == 1)
     released.set()
     assert len(ok.result(timeout=120).audio) > 0 and reader.result(timeout=60) is None
-    wait_for(lambda: not synth._encoding)
+    wait_for(lambda: not encodes._encoding)
     assert len(starts) == 1  # the second clip was never encoded

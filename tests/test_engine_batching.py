@@ -17,7 +17,7 @@ from engine.runtime import worker as worker_module
 from engine.runtime.scheduler import BLOCK_SIZES
 from engine.runtime.worker import Job
 from engine.text.splitter import split_text
-from engine.synthesis import RequestRun
+from engine.request_run import RequestRun
 
 
 @pytest.fixture(scope="module", params=["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
@@ -41,7 +41,7 @@ def allocated(engine) -> int:
 
 def wait_idle(engine, timeout=30.0):
     deadline = time.monotonic() + timeout
-    synth = engine._synthesizer
+    synth = engine._core
     # Cancelled requests are finished at once, but audio already being decoded for them is still
     # delivered (and dropped): wait for the codec too.
     while engine._worker.in_flight or synth.scheduler.busy or synth.codec_runner.pending:
@@ -144,14 +144,14 @@ def test_no_slot_or_memory_leak_after_1000_requests_with_cancellations(engine):
             outcomes[outcome] += 1
     wait_idle(engine)
     assert outcomes["cancelled"] > 200 and outcomes["complete"] > 600
-    scheduler = engine._synthesizer.scheduler
+    scheduler = engine._core.scheduler
     assert scheduler.free_slots == engine.slots and scheduler.running == scheduler.waiting == 0
-    assert int(engine._synthesizer.runner.state.active.sum()) == 0
+    assert int(engine._core.runner.state.active.sum()) == 0
     # With CUDA graphs, a padded codec replay advances the spare row: each replay resets it, or it
     # would run past the RoPE table (a device assert that kills the process).
-    codec = engine._synthesizer.codec_runner
+    codec = engine._core.codec_runner
     assert int(codec.decoder.positions[codec.rows]) <= max(BLOCK_SIZES)
-    prefix = engine._synthesizer.prefix_cache
+    prefix = engine._core.prefix_cache
     assert prefix.hits > 100 and prefix.bytes <= prefix.max_bytes
     stats = engine.stats()
     assert stats["running"] == 0 and stats["queue_depth"] == 0
@@ -189,7 +189,7 @@ def assert_a_request_fails_with_it_and_the_engine_carries_on(engine, message):
 def test_a_failed_codec_call_fails_its_requests_and_the_engine_carries_on(engine, monkeypatch):
     """The failing call holds the request's last frames (budget 4 = the first hand-out): the request
     has already left the scheduler, and must still get the error rather than wait forever."""
-    runner = engine._synthesizer.codec_runner
+    runner = engine._core.codec_runner
     real_submit = runner.submit
 
     def broken(harvests):
@@ -203,7 +203,7 @@ def test_a_failed_codec_call_fails_its_requests_and_the_engine_carries_on(engine
 def test_a_codec_call_failing_at_its_read_back_fails_its_requests_and_the_engine_carries_on(engine, monkeypatch):
     """Reading a decode's audio back can fail too (e.g. a CUDA error surfacing at its event): the
     requests whose audio it held get the error rather than wait forever."""
-    runner = engine._synthesizer.codec_runner
+    runner = engine._core.codec_runner
     real_completed = runner.completed
 
     def broken(wait=False):
@@ -223,7 +223,7 @@ def test_step_and_codec_graphs_replaying_at_once_give_the_codec_audio_of_serial_
     64 streams: an illegal instruction, or a segfault in replay)."""
     if engine.models.placement.device.type != "cuda":
         pytest.skip("CUDA graphs run on CUDA only")
-    synth = engine._synthesizer
+    synth = engine._core
     runner, codec = synth.runner, synth.codec_runner
     capture_streams = [runner._capture_stream, codec.stream]
     assert None not in capture_streams and capture_streams[0] != capture_streams[1]
@@ -267,10 +267,10 @@ def test_a_new_engine_captures_larger_batches_when_demanded_or_idle(tmp_path, mo
                                                 cache_dir=str(tmp_path / "cache"), voices_dir=str(tmp_path / "voices"),
                                                 decode_priority=True))
     try:
-        synth = engine._synthesizer
+        synth = engine._core
         worker_priority = engine._worker.call(lambda: torch.cuda.current_stream().priority)
         assert worker_priority < synth.codec_runner.stream.priority
-        assert worker_priority < synth.reference_encoder._stream.priority
+        assert worker_priority < synth.clip_encodes.encoder._stream.priority
         engine.warmup()
         assert synth.runner._capture_stream.priority == worker_priority  # the step graphs rank as the worker
         assert engine.stats()["slots_ready"] == 1

@@ -11,11 +11,12 @@ from engine.config import EngineConfig
 from engine.loader import load_models
 from engine.model.dual_ar import TokenLayout, call_block
 from engine.model.loading import load_dual_ar
-from engine.runtime.generate import generate
+from reference_generation import generate
 from engine.runtime.kv_cache import KVCache
 from engine.runtime.sampling import SamplingTensors
 from engine.runtime.prefix_cache import PrefixCache
-from engine.runtime.scheduler import Scheduler, SequenceSpec
+from engine.runtime.decode_loop import DecodeLoop
+from engine.runtime.scheduler import SequenceSpec
 from engine.runtime.step_runner import StepRunner
 from scheduling import Collector, assert_same_kv, run_until_idle
 
@@ -59,9 +60,9 @@ def new_cache(model, slots=1):
 
 
 def run(runner, prompt, setting, frames=40):
-    """Every column (token row and codes) of one sequence run alone through the scheduler."""
+    """Every column (token row and codes) of one sequence run alone through the decode loop."""
     t, top_p, rp, seed = setting
-    scheduler = Scheduler(runner)
+    scheduler = DecodeLoop.over(runner)
     owner = Collector()
     scheduler.submit(SequenceSpec(prompt, t, top_p, rp, seed, frames, stop_at_end=False), owner)
     run_until_idle(scheduler)
@@ -93,7 +94,7 @@ def test_a_sequence_gets_the_same_codes_alone_or_in_a_full_graphed_batch(s1_expe
 
     def graphed_scheduler(slots):
         runner = prepared_runner(policy, slots)
-        return Scheduler(runner, PrefixCache(runner.cache, 1 << 30))
+        return DecodeLoop.over(runner, PrefixCache(runner.cache, 1 << 30))
 
     batched = graphed_scheduler(4)
     owners = [Collector() for _ in plan]
@@ -120,7 +121,7 @@ def one_stream_codes(tiny_model, s1_expected):
 
 
 def codebook_0_codes(runner, s1_expected):
-    scheduler, owner = Scheduler(runner), Collector()
+    scheduler, owner = DecodeLoop.over(runner), Collector()
     scheduler.submit(SequenceSpec(s1_expected["prompt_b"].long().cuda(), 0.8, 0.8, 1.2, 60, 100, stop_at_end=False),
                      owner)
     run_until_idle(scheduler)
@@ -152,7 +153,7 @@ def test_graphed_batched_codec_decodes_each_stream_like_a_lone_decoder():
     against each stream decoded alone and eagerly in the same pieces."""
     from engine.model.codec_stream import StreamingDecoder
     from engine.runtime.codec_runner import CodecRunner
-    from engine.runtime.scheduler import Harvest
+    from engine.runtime.decode_loop import Harvest
 
     codec = load_models(EngineConfig(demo=True, device="cuda")).codec
     runner = CodecRunner(codec, rows=4, max_frames=256)
@@ -188,7 +189,7 @@ def test_padded_codec_replays_keep_the_spare_rows_position_bounded():
     enough gathers RoPE rows past the table's end (a device-side assert that kills the process after
     a few hundred requests under sustained load). Each replay starts the spare row afresh."""
     from engine.runtime.codec_runner import CodecRunner
-    from engine.runtime.scheduler import Harvest
+    from engine.runtime.decode_loop import Harvest
 
     codec = load_models(EngineConfig(demo=True, device="cuda")).codec
     runner = CodecRunner(codec, rows=8, max_frames=256)
@@ -211,13 +212,13 @@ def test_the_decode_loop_and_codec_never_wait_for_the_gpu_outside_their_read_bac
     drains its queued steps while the host works). The loop's own waits are CUDA events, which the
     mode does not count."""
     from engine.runtime.codec_runner import CodecRunner
-    from engine.runtime.scheduler import Harvest
+    from engine.runtime.decode_loop import Harvest
 
     runner = prepared_runner(EAGER_GRAPHS, 4)
     codec_runner = CodecRunner(load_models(EngineConfig(demo=True, device="cuda")).codec, rows=4, max_frames=256)
     codec_runner.prepare()
     prompt = s1_expected["prompt_b"].long().cuda()
-    scheduler, owners = Scheduler(runner), [Collector() for _ in range(4)]
+    scheduler, owners = DecodeLoop.over(runner), [Collector() for _ in range(4)]
     for seed, (owner, frames) in enumerate(zip(owners, (20, 33, 45, 40)), 1):
         scheduler.submit(SequenceSpec(prompt, 0.8, 0.8, 1.2, seed, frames, stop_at_end=False), owner)
     codes = torch.zeros(10, 9, dtype=torch.long, device="cuda")  # 9 frames: padded to a graphed length

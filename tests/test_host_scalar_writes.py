@@ -10,7 +10,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from engine.runtime import sampling
 from engine.runtime.decode_step import DecodeState
-from test_scheduler import model, scheduler_for, specs  # noqa: F401  (fixtures)
+from test_decode_loop import model, scheduler_for, specs  # noqa: F401  (fixtures)
 from scheduling import Collector, run_until_idle
 
 
@@ -69,7 +69,7 @@ def test_stopping_a_slot_and_sorted_top_p_write_no_host_scalar():
 
 
 def test_the_exact_heads_padding_mask_writes_no_host_scalar(model):  # noqa: F811
-    from engine.runtime.generate import FullVocabHead
+    from engine.runtime.frame_sampler import FullVocabHead
 
     head = FullVocabHead(model)
     hidden = torch.randn(2, 1, model.config.dim)

@@ -4,7 +4,8 @@ import json
 
 import torch
 
-from engine.model.dual_ar import DualARConfig, DualARTransformer, TokenLayout
+from engine.model.dual_ar import DualARTransformer, TokenLayout
+from engine.model.dual_ar_config import DualARConfig
 
 
 def test_full_size_model_matches_manifest(fixtures_dir):

@@ -8,7 +8,7 @@ import torch
 
 from engine.model.dual_ar import TokenLayout, one_query_attention, rope_table
 from engine.model.loading import load_dual_ar
-from engine.runtime.generate import generate, new_fast_cache
+from reference_generation import generate, new_fast_cache
 from engine.runtime.kv_cache import KVCache
 from engine.runtime.sampling import SamplingTensors
 

@@ -27,7 +27,7 @@ from engine.model.codec_config import CodecConfig
 from engine.model.dual_ar import DualARConfig, TokenLayout
 from engine.model.loading import load_dual_ar, random_dual_ar
 from engine.quantization import INFO_FILE, Int8RowEmbedding, load_quantized, quantize_codec, quantize_transformer
-from engine.runtime.generate import new_fast_cache
+from reference_generation import new_fast_cache
 from engine.runtime.kv_cache import KVCache
 from engine.text.tokenizer import S1Tokenizer
 from tests.test_engine import assemble_checkpoint
@@ -326,7 +326,8 @@ def test_quantized_step_compiles_into_cuda_graphs(mode):
     (Not compiled == eager: fp8 quantizes activations on the fly, and a compiled amax/scale rounds
     some of them the other way: ~12% of the logits' norm apart, each a valid fp8 result.)"""
     from engine.compilation import CompilePolicy, decide
-    from engine.runtime.scheduler import Scheduler, SequenceSpec
+    from engine.runtime.decode_loop import DecodeLoop
+    from engine.runtime.scheduler import SequenceSpec
     from engine.runtime.step_runner import StepRunner
     from scheduling import Collector, run_until_idle
 
@@ -357,7 +358,7 @@ def test_quantized_step_compiles_into_cuda_graphs(mode):
 
     runner = StepRunner(model, new_cache(), decide("on", torch.device("cuda"), quantize=mode))
     runner.prepare([1])
-    scheduler, owner = Scheduler(runner), Collector()
+    scheduler, owner = DecodeLoop.over(runner), Collector()
     scheduler.submit(SequenceSpec(prompt, 0.8, 0.8, 1.1, 3, 24, stop_at_end=False), owner)
     run_until_idle(scheduler)
     assert owner.codes.shape[-1] == 24 and int(owner.codes.max()) < 4096

@@ -17,11 +17,11 @@ from engine.references import (
     APP_NAME,
     DecodedClips,
     ReferenceCodeCache,
-    VoiceStore,
     content_hash,
     default_cache_dir,
     default_voices_dir,
 )
+from engine.voice_store import VoiceStore
 from tests.audio_samples import SpeechClips
 
 

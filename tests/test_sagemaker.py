@@ -21,7 +21,7 @@ from app.routes_sagemaker import format_from_accept
 from app.server import create_app
 from app.settings import AppSettings
 from app.errors import HTTPProblem
-from engine.references import VoiceStore
+from engine.voice_store import VoiceStore
 from tests.test_app_support import FAST, ROOT, SAMPLE_RATE, DemoServer, assert_audio, decode_pcm16, error_message, free_port
 
 KEY = "sagemaker-test-key"

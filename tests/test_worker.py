@@ -148,7 +148,7 @@ def test_jobs_arriving_one_after_another_do_not_hold_up_the_decode_loop():
             job.finish()
         return work
 
-    worker = GPUWorker(capacity=64, iterate=iterate)
+    worker = GPUWorker(capacity=64, step=iterate)
     worker_ref.append(worker)
     try:
         def start() -> None:

@@ -115,7 +115,7 @@ def time_parts(runner, rows: int, frames: int) -> dict:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    from engine.model.codec_stream import Rows
+    from engine.model.stream_state import Rows
     from engine.runtime.cuda_graphs import capture
 
     decoder, q = runner.decoder, runner.decoder.codec.quantizer

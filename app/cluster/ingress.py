@@ -8,7 +8,8 @@ import os
 
 from ray import serve
 
-from engine.references import VoiceStore, default_voices_dir
+from engine.references import default_voices_dir
+from engine.voice_store import VoiceStore
 
 from ..server import create_app
 from ..settings import AppSettings

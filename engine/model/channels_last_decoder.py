@@ -22,8 +22,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from .codec import CausalConv1d, CausalConvTranspose1d, Decoder, DecoderBlock, ResidualUnit, Snake1d
-from .codec_stream import _read, _state, _weight, _write, _zero
+from .codec import Decoder, DecoderBlock
+from .codec_convs import CausalConv1d, CausalConvTranspose1d, ResidualUnit, Snake1d
+from .stream_state import conv_weight, new_state, read_rows, write_rows, zero_rows
 from .conv_kernel import ChannelsLastOps, Epilogue, taps_of, transposed_as_taps
 
 
@@ -66,7 +67,7 @@ class ChannelsLastDecoder:
         if (not isinstance(m, CausalConv1d) or m.stride != 1
                 or isinstance(m.conv, nn.Conv1d) and (m.conv.padding != (0,) or m.conv.groups != 1)):
             raise TypeError(f"a stride-1, unpadded, ungrouped causal conv is expected, got {m}")
-        weight, dilation = _weight(m.conv), _dilation(m.conv)
+        weight, dilation = conv_weight(m.conv), _dilation(m.conv)
         return self._layer(taps_of(weight), m.conv.bias, dilation, (weight.shape[-1] - 1) * dilation,
                            weight.shape[1], snake)
 
@@ -75,7 +76,7 @@ class ChannelsLastDecoder:
         if isinstance(conv, nn.ConvTranspose1d) and (conv.padding, conv.output_padding, conv.dilation, conv.groups) \
                 != ((0,), (0,), (1,), 1):
             raise TypeError(f"a plain transposed conv is expected, got {conv}")
-        weight = _weight(conv)
+        weight = conv_weight(conv)
         return self._layer(transposed_as_taps(weight), conv.bias.repeat(m.stride), 1, 1, weight.shape[0], snake)
 
     def _unit(self, unit: ResidualUnit) -> tuple[_Layer, Snake1d, _Layer]:
@@ -87,7 +88,7 @@ class ChannelsLastDecoder:
             raise TypeError("a Snake before a convolution without context is not streamed here")
         taps, bias = taps.to(self._dtype).contiguous(), bias.detach().to(self._dtype).contiguous()
         alpha = None if snake is None else snake.alpha.detach().reshape(-1).contiguous()
-        context = _state(self._batch, context_steps, c_in, self._decoder)  # laid out (B, steps, C_in)
+        context = new_state(self._batch, context_steps, c_in, self._decoder)  # laid out (B, steps, C_in)
         return _Layer(taps, bias, dilation, context, alpha,
                       0.0 if snake is None else snake.eps)
 
@@ -106,19 +107,19 @@ class ChannelsLastDecoder:
 
     def _apply(self, layer: _Layer, x: Tensor, rows, epilogue: Epilogue = Epilogue()) -> Tensor:
         if layer.context.shape[1]:
-            context = _read(layer.context, rows)
+            context = read_rows(layer.context, rows)
             if layer.alpha is None:
                 full = torch.cat([context, x], 1)
             else:
                 full = self.ops.context_snake(context, x, layer.alpha, layer.eps)
-            _write(layer.context, rows, full[:, full.shape[1] - layer.context.shape[1]:])
+            write_rows(layer.context, rows, full[:, full.shape[1] - layer.context.shape[1]:])
         else:
             full = x  # a 1x1 conv (never after a Snake here)
         return self.ops.conv(full, layer.taps, layer.bias, layer.dilation, epilogue)
 
     def reset(self, rows) -> None:
         for layer in self._layers():
-            _zero(layer.context, rows)
+            zero_rows(layer.context, rows)
 
     def _layers(self) -> list[_Layer]:
         layers = [self.conv_in, self.conv_out]

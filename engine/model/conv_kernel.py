@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .codec import snake
+from .codec_convs import snake
 
 
 @dataclass(frozen=True)

@@ -10,16 +10,15 @@ the same modules serve the plain eager path, batched decode and CUDA graphs.
 
 from __future__ import annotations
 
-import json
 import math
-from dataclasses import dataclass, fields
-from pathlib import Path
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..errors import CheckpointError
+from .dual_ar_config import DualARConfig
+from .layers import RMSNorm, apply_rope, rope_table
 
 try:  # the compiled decode step's attention kernel
     from . import decode_attention as attention_kernel
@@ -29,120 +28,6 @@ try:  # the compiled decode step's projections, each fused with its norm, gate o
     from . import fused_linear as projection_kernel
 except ImportError:  # as above: the step keeps Inductor's (or cuBLAS's) matmuls
     projection_kernel = None
-
-# Keys of the released config.json that change the architecture we build.
-_REQUIRED_KEYS = (
-    "dim", "n_layer", "n_head", "n_local_heads", "head_dim", "intermediate_size", "vocab_size",
-    "codebook_size", "num_codebooks", "max_seq_len", "rope_base", "norm_eps",
-    "n_fast_layer", "model_type",
-)
-
-
-@dataclass(frozen=True)
-class DualARConfig:
-    dim: int
-    n_layer: int
-    n_head: int
-    n_local_heads: int
-    head_dim: int
-    intermediate_size: int
-    vocab_size: int
-    codebook_size: int
-    num_codebooks: int
-    max_seq_len: int
-    rope_base: float
-    norm_eps: float
-    n_fast_layer: int
-    fast_dim: int
-    fast_n_head: int
-    fast_n_local_heads: int
-    fast_head_dim: int
-    fast_intermediate_size: int
-    attention_qk_norm: bool = True
-    attention_qkv_bias: bool = False
-    attention_o_bias: bool = False
-    fast_attention_qk_norm: bool = False
-    fast_attention_qkv_bias: bool = False
-    fast_attention_o_bias: bool = False
-    scale_codebook_embeddings: bool = True
-    tie_word_embeddings: bool = False
-    initializer_range: float = 0.02
-
-    @classmethod
-    def from_dict(cls, raw: dict) -> "DualARConfig":
-        missing = [k for k in _REQUIRED_KEYS if k not in raw]
-        if missing:
-            raise CheckpointError(f"config.json lacks required keys {missing}; is this an S1-mini checkpoint?")
-        if raw["model_type"] != "dual_ar":
-            raise CheckpointError(
-                f"config.json has model_type {raw['model_type']!r}; only 'dual_ar' (OpenAudio S1 / S1-mini) is supported"
-            )
-        values = dict(raw)
-        if values.get("n_local_heads", -1) == -1:
-            values["n_local_heads"] = values["n_head"]
-        # A missing fast_* field falls back to its slow counterpart, as in the reference.
-        for name in ("dim", "n_head", "n_local_heads", "head_dim", "intermediate_size"):
-            values.setdefault(f"fast_{name}", values[name])
-        if values.get("fast_n_local_heads", -1) == -1:
-            values["fast_n_local_heads"] = values["fast_n_head"]
-        known = {f.name for f in fields(cls)}
-        config = cls(**{k: v for k, v in values.items() if k in known})
-        config.validate()
-        return config
-
-    @classmethod
-    def from_json(cls, path: str | Path) -> "DualARConfig":
-        try:
-            raw = json.loads(Path(path).read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise CheckpointError(f"{path} not found") from None
-        except json.JSONDecodeError as exc:
-            raise CheckpointError(f"{path} is not valid JSON ({exc}); re-download the checkpoint") from None
-        return cls.from_dict(raw)
-
-    def validate(self) -> None:
-        problems = []
-        if self.n_head % self.n_local_heads or self.fast_n_head % self.fast_n_local_heads:
-            problems.append("query heads must be a multiple of KV heads")
-        if self.head_dim % 2 or self.fast_head_dim % 2:
-            problems.append("head dims must be even (RoPE works on pairs)")
-        if self.tie_word_embeddings:
-            problems.append("tied word embeddings are not part of S1-mini")
-        if self.fast_dim != self.dim:
-            problems.append("fast_dim != dim needs a fast_project_in layer, which S1-mini does not have")
-        if problems:
-            raise CheckpointError("unsupported model config: " + "; ".join(problems))
-
-
-class RMSNorm(nn.Module):
-    """y = (x * rsqrt(mean(x^2) + eps)) computed in fp32, cast back, then scaled by the weight."""
-
-    def __init__(self, dim: int, eps: float):
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
-
-    def forward(self, x: Tensor) -> Tensor:
-        xf = x.float()
-        normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return normed.type_as(x) * self.weight
-
-
-def rope_table(max_positions: int, head_dim: int, base: float) -> Tensor:
-    """(positions, head_dim/2, 2) table of [cos, sin], built in fp32 and rounded to bf16 like the reference."""
-    freqs = 1.0 / (base ** (torch.arange(0, head_dim, 2)[: head_dim // 2].float() / head_dim))
-    angles = torch.outer(torch.arange(max_positions, dtype=torch.float32), freqs)
-    return torch.stack([angles.cos(), angles.sin()], dim=-1).to(torch.bfloat16)
-
-
-def apply_rope(x: Tensor, table: Tensor) -> Tensor:
-    """Rotate interleaved pairs (x[2i], x[2i+1]). x: (B, S, H, D); table: (B, S, D/2, 2)."""
-    pairs = x.float().reshape(*x.shape[:-1], -1, 2)
-    cos, sin = table.float().unsqueeze(2).unbind(-1)  # (B, S, 1, D/2)
-    x0, x1 = pairs.unbind(-1)
-    rotated = torch.stack([x0 * cos - x1 * sin, x1 * cos + x0 * sin], dim=-1)
-    return rotated.flatten(-2).type_as(x)
-
 
 @dataclass
 class KVView:

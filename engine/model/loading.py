@@ -7,7 +7,8 @@ from pathlib import Path
 import torch
 
 from ..errors import CheckpointError
-from .dual_ar import DualARConfig, DualARTransformer, TokenLayout
+from .dual_ar import DualARTransformer, TokenLayout
+from .dual_ar_config import DualARConfig
 
 # Released checkpoints are plain state dicts; fine-tunes sometimes wrap or prefix them.
 _WRAPPER_KEY = "state_dict"

@@ -1,7 +1,7 @@
 """Harvested frames -> audio, for every running sequence at once, beside the decode steps.
 
 One streaming codec decoder holds a stream (row) per KV slot. The frames harvested in one
-scheduler iteration decode together: one batched call per chunk length (the scheduler hands most
+engine step decode together: one batched call per chunk length (the scheduler hands most
 sequences out on the same step with the same length, so there are few calls). A sequence's first
 frames reset its row, starting a new utterance there.
 
@@ -17,8 +17,7 @@ of them) replay a graph captured per (row bucket, length) instead of launching t
 decodes a bucket of rows: the rows a call does not use point at one spare stream, whose state
 nobody reads, and cost as much GPU time as real ones. The buckets are the powers of two and the
 sizes halfway between them (ROW_BUCKET_STEPS), so that at most a third of the rows a graph decodes
-are padding (half, with powers of two alone: the sustained 64-stream mix of docs/PERFORMANCE.md
-then decoded 17-22% more rows than it had).
+are padding (half, with powers of two alone).
 """
 
 from __future__ import annotations
@@ -36,18 +35,21 @@ import torch
 from loguru import logger
 
 from ..model.codec import ModdedDAC
-from ..model.codec_stream import Rows, StreamingDecoder, compiled_layer_forward
+from ..model.codec_stream import StreamingDecoder
+from ..model.codec_streamers import compiled_layer_forward
+from ..model.stream_state import Rows
 from ..model.tuned_conv import tune_convs, tuning
 from .cuda_graphs import capture
-from .scheduler import BLOCK, BLOCK_SIZES, Harvest
+from .decode_loop import Harvest
+from .scheduler import BLOCK, BLOCK_SIZES
 from .step_runner import bucket_for
 
 
 def set_up_codec(codec: ModdedDAC, policy) -> None:
     """Make the codec's decode path the one the engine's graphs replay. When the policy compiles
     (CUDA with Triton): the decoder streamed on channels-last activations by Triton kernels, and the
-    quantizer's post-transformer layers compiled by Inductor (one layer was ~65 small kernels, most
-    of a small call's GPU time: docs/PERFORMANCE.md), unless its weights are quantized (every
+    quantizer's post-transformer layers compiled by Inductor (eager, one layer is ~65 small kernels,
+    most of a small call's GPU time), unless its weights are quantized (every
     --quantize mode but none gives the codec's transformers int8 weights). Otherwise, with CUDA
     graphs, the decoder's convolutions tuned per shape (timed while a CodecRunner captures)."""
     if policy.compile:

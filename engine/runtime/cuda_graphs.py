@@ -18,9 +18,9 @@ def capture(fn: Callable[[], T], stream: torch.cuda.Stream, pool=None, warmup: i
     returned (its output buffers, which each replay refills).
 
     Every runner captures on a stream of its own: a graph keeps the cuBLAS workspace of the stream
-    it was captured on, and graphs captured on torch.cuda.graph's one shared default stream crashed
-    the process when a decode step and a codec chunk replayed at once on their two streams (H100,
-    64 streams: an illegal instruction, or a segfault in replay).
+    it was captured on, and graphs captured on torch.cuda.graph's one shared default stream crash
+    the process when a decode step and a codec chunk replay at once on their two streams (an illegal
+    instruction, or a segfault in replay).
 
     Python's cyclic garbage collector is off during the capture: a collection there could destroy
     another, unreachable graph, a CUDA call that a capture forbids, and the capture then fails with

@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from ..model.dual_ar import DualARTransformer
-from .generate import FrameHistory, StepOps, next_frame
+from .frame_sampler import FrameHistory, StepOps, next_frame
 from .kv_cache import KVCache
 from .sampling import SamplingTensors
 
@@ -68,7 +68,7 @@ class DecodeState:
     def start_many(self, rows: list[tuple[int, Tensor, int, float, float, float, int]]) -> None:
         """start() for several sequences, each row its arguments, in the same ~15 operations however
         many rows there are: each operation releases the GIL and waits to take it back, up to
-        milliseconds each beside a thread parsing requests (docs/PERFORMANCE.md)."""
+        milliseconds each beside a thread parsing requests."""
         slots, columns, positions, temperatures, top_ps, penalties, keys = zip(*rows, strict=True)
         device = self.positions.device
 

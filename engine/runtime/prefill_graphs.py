@@ -1,9 +1,9 @@
 """Prefill replayed from CUDA graphs, one per (rows, columns) bucket.
 
 A compiled prefill call still launches ~20 kernels a layer from Python, and each launch releases
-the GIL and waits to take it back: while the server's event loop parsed a burst of request bodies,
-one row's prefill took 282-694 ms instead of 15-25 (H100, docs/PERFORMANCE.md). A replay is one
-call, and copying a group's inputs and outputs a few more.
+the GIL and waits to take it back: while the server's event loop parses a burst of request bodies,
+one row's prefill can take tens of times longer than its GPU work. A replay is one call, and copying
+a group's inputs and outputs a few more.
 
 A graph's addresses are fixed and a request's slot is not, so the graphs prefill staging rows of
 their own: a row's columns before `start` (its voice prefix, or an earlier text chunk) are copied

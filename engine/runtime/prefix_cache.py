@@ -44,7 +44,7 @@ class PrefixCache:
     def place(self, rows: list[tuple[tuple[Tensor, Tensor], int]]) -> None:
         """Copy each (entry from get(), slot) into positions 0.. of its slot, all in one call: each
         torch call releases the GIL and waits to take it back, up to milliseconds beside a busy
-        event loop (docs/PERFORMANCE.md), and a burst's admission places 16 prefixes at once."""
+        event loop, and a burst's admission places 16 prefixes at once."""
         if not rows:
             return
         targets, sources = [], []

@@ -1,8 +1,7 @@
 """The decode step's bookkeeping (decode_step.record_frame) as one Triton kernel, one program per row.
 
-Compiled by Inductor, record_frame was 10-11 kernels a frame on an H100 (1.1-1.8 us each, two of
-them ATen scatters), each starting after the one before: ~15 us of a batch-1 frame
-(docs/PERFORMANCE.md). Here a program reads its row's frame and state once and writes the row's
+Compiled by Inductor, record_frame is 10-11 kernels a frame (two of them ATen scatters), each
+starting after the one before. Here a program reads its row's frame and state once and writes the row's
 history entry, its frame into its frames, done, length, and its next column and position: the same
 integers as record_frame (tests/test_record_kernel.py). Launched with programmatic dependent launch
 where available: it waits for the kernel before it (the frame's stack) before any load or store.
@@ -49,7 +48,7 @@ def _record_rows(frame_ptr, active_ptr, history_ptr, generated_ptr, frames_ptr, 
     tl.store(positions_ptr + b, tl.load(positions_ptr + b) + active)
 
 
-# No defaults: torch 2.11 drops a mutated custom-op argument that has one (docs/PERFORMANCE.md, 2026-11-26).
+# No defaults: torch drops a mutated custom-op argument that has one.
 @torch.library.custom_op("s1mini::record_rows",
                          mutates_args=("history", "generated", "frames", "done", "length", "columns", "positions"))
 def record_rows(frame: Tensor, active: Tensor, history: Tensor, generated: Tensor, frames: Tensor, done: Tensor,

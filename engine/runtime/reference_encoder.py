@@ -1,15 +1,14 @@
 """Reference clips -> codes, a fixed number of frames at a time; on CUDA each chunk is one graph replay.
 
-Encoding a clip eagerly launches ~1,300 kernels per 32-frame chunk from Python: a 10 s clip took
-120-200 ms on an H100 alone (46 ms of GPU time) and ~300 ms inside a busy server, where the worker
-thread that encodes also runs every decode step. The chunk's graph replays the same kernels with
-one launch: 50 ms per 10 s clip, the same codes. Every chunk, the last one included, has the same size: the last is padded with zeros,
+Encoding a clip eagerly launches ~1,300 kernels per 32-frame chunk from Python, several times the
+clip's GPU time, and more inside a busy server, where the worker thread that encodes also runs every
+decode step. The chunk's graph replays the same kernels with one launch: the same codes. Every chunk, the last one included, has the same size: the last is padded with zeros,
 which the causal encoder sees only after the clip's real frames, whose codes are kept.
 
 On CUDA a clip encodes on a stream of its own (`start`): the worker thread goes on stepping the
 running sequences, whose steps the encode's kernels share the GPU with, instead of waiting ~50 ms
 for each new voice. Encodes started one after another run in order on that stream; the engine
-starts one at a time (synthesis.ENCODES_IN_FLIGHT), since a burst of them queued at once filled the
+starts one at a time (clip_encodes.ENCODES_IN_FLIGHT), since a burst of them queued at once filled the
 GPU's command buffer and held up every launch behind them.
 """
 

@@ -100,7 +100,7 @@ def outside_nucleus_sorted(logits: Tensor, top_p: Tensor) -> Tensor:
 def outside_nucleus_pairwise(logits: Tensor, top_p: Tensor) -> Tensor:
     """The same set without a sort: an id's cumulative probability is its own plus that of every id
     ranked before it. Compiled, the (V, V) comparison is one fused reduction that is never stored;
-    for one row it replaces a sort kernel (22 us for 1024 ids on an H100) and the scatter after it."""
+    for one row it replaces a sort kernel and the scatter after it."""
     probs = logits.softmax(dim=-1)
     ids = torch.arange(logits.shape[-1], device=logits.device)
     other, this = logits[:, None, :], logits[:, :, None]

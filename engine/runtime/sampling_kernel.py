@@ -1,9 +1,8 @@
 """`sampling.sample` for every row of a batch in one Triton kernel, one program per row.
 
-Compiled by Inductor, the batched step sampled each codebook in several kernels (the repetition
+Compiled by Inductor, the batched step samples each codebook in several kernels (the repetition
 penalty's scatters, a radix sort of every row for the nucleus, a softmax, the noise race, the
-embedding gather): ~44 us a codebook for 64 rows of 1,024 codes and ~123 us for codebook 0's 4,097
-ids on an H100. Here one program per row reads its logits once and does all of it in registers:
+embedding gather). Here one program per row reads its logits once and does all of it in registers:
 
 - the penalty: which ids the valid history holds (W compares per id), then `sampling`'s rule;
 - the nucleus without sorting: the boundary is the largest logit T whose ids, with every likelier
@@ -18,7 +17,7 @@ ids on an H100. Here one program per row reads its logits once and does all of i
 64 rows then take ~14.5 us a fast codebook and ~49 us for codebook 0. One row takes as long, since
 the search's 32 passes each end in a reduction across the program: more than Inductor's kernels for
 one row (9 us a fast codebook, whose nucleus spreads over many programs), so the batch-1 step keeps
-those (generate._sampled_by_kernel; docs/PERFORMANCE.md has the measurements).
+those (frame_sampler._sampled_by_kernel).
 
 Division is correctly rounded and exp and log are libdevice's, as in PyTorch's CUDA kernels, so
 probabilities equal the plain path's up to the order of the sums: the kept set and the winner

@@ -1,35 +1,33 @@
-"""Continuous batching: sequences enter free KV slots, advance together one frame per step, and
-leave as soon as they finish or their caller goes away.
+"""Continuous batching policy: which sequences run, in which slots, and when their frames go out.
 
-One `iteration()` (on the GPU worker thread):
-  1. drops cancelled sequences, running or waiting, freeing their slots at once;
-  2. admits waiting sequences into free slots: their prompts are prefilled together in one batched
-     call (the voice prefix copied from the prefix cache when it is there), and their rows of the
-     decode state started; while others run, a new arrival waits a few steps for company
-     (admit_gather_steps, ADMIT_GATHER_STEPS by default), so that arrivals one by one do not cost a
-     prefill call each; at most as many sequences run as the runner has graphs for (`ready_slots`),
+The scheduler is plain CPU bookkeeping: it never touches a tensor's data or launches device work.
+Each engine step asks it, in order (see DecodeLoop.step, which carries the plans out):
+  1. `schedule()`: drop cancelled sequences, running or waiting (their slots to free), and pick
+     the waiting sequences to admit into free slots; while others run, a new arrival waits a few
+     steps for company (admit_gather_steps), so that arrivals one by one do not cost a prefill call
+     each; at most as many sequences run as there are captured graphs for (`graphs.ready_slots`),
      and while more are asking than that and larger batch graphs are still to capture, none is
      admitted: the running ones finish, and the caller captures the graphs the demand needs
      (`needs_capture`); and while a stream in its first hand-outs (RAMP) has less than
-     admit_min_lead_s (ADMIT_MIN_LEAD_S by default) of audio ahead of a listener who began at its
-     first hand-out, new requests wait (up to ADMIT_MAX_DEFER_STEPS steps), since a prefill call
-     and the newcomers' first codec calls hold up every running sequence;
-  3. runs one batched decode step for every slot up to the highest one in use (a CUDA-graph
-     replay for the batch and kv-length buckets; idle rows inside the bucket stand still);
-  4. every so often reads back how many frames each slot has before `<|im_end|>`, and hands out
-     the new frames of the sequences that are due (a sequence after 4 frames, for an early first
-     audio, then 8 and 16, then every BLOCK frames; sequences admitted together stay together, so
-     their audio decodes in one batched codec call), retiring those that finished.
+     admit_min_lead_s of audio ahead of a listener who began at its first hand-out, new requests
+     wait (up to ADMIT_MAX_DEFER_STEPS steps), since a prefill call and the newcomers' first codec
+     calls hold up every running sequence;
+  2. `batch(started)`: after the admitted sequences were prefilled, the rows to step (every slot up
+     to the highest one in use; idle rows inside the batch bucket stand still) and whether the
+     frame counts are read back after this step;
+  3. `next_read_back()` / `hand_out()`: the frame counts due to be read, then the frames of the
+     sequences that are due (a sequence after 4 frames, for an early first audio, then 8 and 16,
+     then every BLOCK frames; sequences admitted together stay together, so that their audio
+     decodes in one batched codec call), retiring those that finished.
 
-The read-back lags `read_back_lag` steps (EngineConfig's default: 2): after a step that makes
-sequences due, a copy of the counts is queued behind it, and it is read only once that many later
-steps have been launched. The GPU so always has that many steps queued while the host waits and
-hands out frames (a host held up by other threads, e.g. a web server's, for less than their time
-leaves the GPU no gap); a finished sequence runs that many steps more than it needs, which nobody
-sees.
+The read-back lags `read_back_lag` steps: after a step that makes sequences due, a copy of the
+counts is queued behind it, and it is read only once that many later steps have been launched. The
+GPU so always has that many steps queued while the host waits and hands out frames (a host held up
+by other threads, e.g. a web server's, for less than their time leaves the GPU no gap); a finished
+sequence runs that many steps more than it needs, which nobody sees.
 
 Nothing here knows about audio or requests: a sequence's owner is any object with a `cancelled`
-property and a `fail(exc)` method; frames come back as `Harvest`s for the caller to decode.
+property and a `fail(exc)` method, which the caller calls with the failures a plan names.
 """
 
 from __future__ import annotations
@@ -37,17 +35,13 @@ from __future__ import annotations
 import itertools
 import time
 from collections import deque
-from dataclasses import dataclass
-from typing import Any, Protocol
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
 
-import torch
-from loguru import logger
-from torch import Tensor
+from ..errors import Cancelled, InputError
 
-from ..errors import Cancelled
-from .generate import frame_budget
-from .prefix_cache import PrefixCache
-from .step_runner import StepRunner
+if TYPE_CHECKING:
+    from torch import Tensor
 
 # Frames per hand-out: a short first block for an early first audio, growing ones that each arrive
 # before a listener has played the audio before them (at up to ~2x real time), then BLOCK at a time
@@ -61,20 +55,40 @@ RAMP_END = RAMP_MARKS[-1]
 # out every BLOCK steps, and one that sampled its end in between is found this soon (plus the
 # read-back lag), its slot freed and its last audio handed out.
 END_CHECK_STEPS = 4
-# A prefix shorter than this is cheaper to prefill than to look up and copy.
-MIN_PREFIX = 16
 # While sequences run, a new arrival waits up to this many steps for others to arrive and be
-# admitted with it: a prefill call costs ~15-25 ms of host time however many rows it has (H100),
-# and requests arriving one by one would otherwise stall every running sequence once each.
+# admitted with it: a prefill call costs tens of milliseconds of host time however many rows it
+# has, and requests arriving one by one would otherwise stall every running sequence once each.
 ADMIT_GATHER_STEPS = 4
-# Admission holds up running sequences (64 streams over HTTP on an H100: 8 frames took 0.21-0.35 s
-# while later arrivals were admitted, and listeners who had only the first 4 frames, 0.19 s, ran
-# dry: docs/PERFORMANCE.md). So while a stream in its ramp has less audio than this ahead of its
-# listener, new requests wait, for at most ADMIT_MAX_DEFER_STEPS steps in a row (a stream slower
-# than real time must not keep them out for good). The lead counts frames as they leave for the
-# codec, from the first hand-out: the codec's delay shifts both ends alike.
+# Admission holds up running sequences, and a listener who has only the first hand-out runs dry
+# meanwhile. So while a stream in its ramp has less audio than this ahead of its listener, new
+# requests wait, for at most ADMIT_MAX_DEFER_STEPS steps in a row (a stream slower than real time
+# must not keep them out for good). The lead counts frames as they leave for the codec, from the
+# first hand-out: the codec's delay shifts both ends alike.
 ADMIT_MIN_LEAD_S = 0.25
 ADMIT_MAX_DEFER_STEPS = 16
+# Steps launched after a step before its frame counts are read (see the module's docstring).
+READ_BACK_LAG = 2
+MAX_ADMIT_PER_STEP = 16
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """The scheduler's settings (EngineConfig carries the first three), validated here, once.
+    0 turns admit_gather_steps or admit_min_lead_s off."""
+
+    read_back_lag: int = READ_BACK_LAG
+    admit_gather_steps: int = ADMIT_GATHER_STEPS
+    admit_min_lead_s: float = ADMIT_MIN_LEAD_S
+    max_admit_per_step: int = MAX_ADMIT_PER_STEP
+
+    def __post_init__(self):
+        if self.read_back_lag < 1:
+            raise InputError(f"read_back_lag must be at least 1, got {self.read_back_lag}")
+        if self.admit_gather_steps < 0 or self.admit_min_lead_s < 0:
+            raise InputError(f"admit_gather_steps and admit_min_lead_s must be >= 0 (0 = off), got "
+                             f"{self.admit_gather_steps} and {self.admit_min_lead_s}")
+        if self.max_admit_per_step < 1:
+            raise InputError(f"max_admit_per_step must be at least 1, got {self.max_admit_per_step}")
 
 
 class Owner(Protocol):
@@ -82,6 +96,23 @@ class Owner(Protocol):
     def cancelled(self) -> bool: ...
 
     def fail(self, exc: BaseException) -> None: ...
+
+
+class CaptureState(Protocol):
+    """What the scheduler needs to know of the step graphs (StepRunner has both)."""
+
+    ready_slots: int  # rows that can step together now
+
+    @property
+    def pending_batches(self) -> list[int]: ...  # batch buckets still to capture
+
+
+@dataclass
+class AllGraphs:
+    """Every row can step: eager execution, or every graph captured."""
+
+    ready_slots: int
+    pending_batches: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -96,30 +127,58 @@ class SequenceSpec:
     prefix_length: int = 0
     stop_at_end: bool = True  # False: run the whole budget whatever is sampled (benchmarks)
 
+    @property
+    def prompt_length(self) -> int:
+        return self.prompt.shape[1]
+
 
 @dataclass
-class Harvest:
+class Admission:
+    """A sequence to prefill into `slot` and start there."""
+
+    slot: int
+    spec: SequenceSpec
+    owner: Any
+    budget: int  # frames to generate at most
+    continues: bool  # a request's next text chunk (see _Running.continues)
+
+
+@dataclass
+class SchedulePlan:
+    """What to do before the step, in this order: free `stopped` slots, admit `admitted`; and tell
+    `failed` owners (cancelled, or a prompt that does not fit) of their failure."""
+
+    stopped: list[int]
+    admitted: list[Admission]
+    failed: list[tuple[Any, BaseException]]
+
+
+@dataclass
+class StepBatch:
+    rows: int  # slots 0..rows-1 step
+    kv_needed: int  # the highest position written this step + 1
+    read_back: bool  # queue a copy of the frame counts behind the step (see DecodeLoop.step)
+
+
+@dataclass
+class HandOut:
+    """Frames start..end-1 of the sequence in `slot`."""
+
     owner: Any
     slot: int
-    codes: Tensor  # (num_codebooks, n) on the device; valid until the next iteration
+    start: int
+    end: int
     first: bool  # the sequence's first frames: a new stream starts
     final: bool  # the sequence ended (here, or at <|im_end|>, which is not included)
 
 
 @dataclass
-class _Snapshot:
-    """Per-slot frame counts and end flags copied to the host after one step, and who was due then."""
+class ReadBack:
+    """Frame counts copied after one step (`counts`, the runner's handle) and who was due then."""
 
-    host: Tensor  # (2, S) int64: frames before <|im_end|>, and done
-    ready: Any  # a CUDA event recorded after the copy, or None when the copy was synchronous
+    counts: Any
     steps: dict[int, tuple["_Running", int, bool]]  # slot -> (sequence, its steps then, due then)
     step: int  # the scheduler's step count when it was taken
-
-    def wait(self) -> tuple[list[int], list[int]]:
-        if self.ready is not None:
-            self.ready.synchronize()
-        length, done = self.host.tolist()
-        return length, done
 
 
 @dataclass
@@ -132,45 +191,34 @@ class _Running:
     steps: int = 0  # frames generated so far
     emitted: int = 0  # frames handed out
     harvested: bool = False
-    text_start: int = 0  # the first prompt column prefilled at admission (after a voice prefix served by the cache)
     first_out: float | None = None  # the clock when its first frames were handed out
     continues: bool = False  # a request's next text chunk: its listener still has the chunk before's audio
 
 
+def frame_budget(prompt_len: int, max_new_tokens: int, capacity: int) -> int:
+    """Frames to generate at most: max_new_tokens (0 = no limit), clamped to the free context."""
+    room = capacity - prompt_len
+    if room < 1:
+        raise ValueError(f"prompt of {prompt_len} positions leaves no room in a context of {capacity}")
+    return room if max_new_tokens <= 0 else min(max_new_tokens, room)
+
+
 class Scheduler:
-    def __init__(self, runner: StepRunner, prefix_cache: PrefixCache | None = None, max_admit_per_step: int = 16,
-                 frame_rate: float | None = None, clock=time.monotonic, read_back_lag: int = 1,
-                 admit_gather_steps: int = ADMIT_GATHER_STEPS, admit_min_lead_s: float = ADMIT_MIN_LEAD_S):
-        """frame_rate: frames per second of audio, for the listeners' lead (see ADMIT_MIN_LEAD_S); None
-        admits without looking at it. clock: seconds, monotonic. read_back_lag: steps launched after
-        a step before its frame counts are read (see the module's docstring); at least 1.
-        admit_gather_steps, admit_min_lead_s: see ADMIT_GATHER_STEPS and ADMIT_MIN_LEAD_S (0 turns
-        each off)."""
-        if read_back_lag < 1:
-            raise ValueError(f"read_back_lag must be at least 1, got {read_back_lag}")
-        if admit_gather_steps < 0 or admit_min_lead_s < 0:
-            raise ValueError(f"admit_gather_steps and admit_min_lead_s must be >= 0, got {admit_gather_steps}"
-                             f" and {admit_min_lead_s}")
-        self.admit_gather_steps, self.admit_min_lead_s = admit_gather_steps, admit_min_lead_s
-        self.runner = runner
+    def __init__(self, n_slots: int, capacity: int, config: SchedulerConfig = SchedulerConfig(),
+                 graphs: CaptureState | None = None, *, frame_rate: float | None = None, clock=time.monotonic):
+        """n_slots: KV slots; capacity: positions per slot; graphs: which batches can step (default:
+        all). frame_rate: frames per second of audio, for the listeners' lead (see
+        ADMIT_MIN_LEAD_S); None admits without looking at it. clock: seconds, monotonic."""
+        self.n_slots, self.capacity, self.config = n_slots, capacity, config
+        self.graphs = graphs if graphs is not None else AllGraphs(n_slots)
         self.frame_rate, self.clock = frame_rate, clock
-        self.prefix_cache = prefix_cache
-        self.max_admit_per_step = max_admit_per_step
-        self.n_slots = runner.cache.n_slots
         self._waiting: deque[tuple[SequenceSpec, Any, bool]] = deque()  # (spec, owner, front)
         self._running: dict[int, _Running] = {}  # by slot
-        self.read_back_lag = read_back_lag
-        self._snapshots: deque[_Snapshot] = deque()  # taken, not yet read; oldest first
-        device = runner.state.length.device
-        pinned = device.type == "cuda"
-        # One buffer more than the snapshots left unread after an iteration: a step's snapshot is
-        # written while those are still to be read.
-        self._host = [torch.zeros(2, self.n_slots, dtype=torch.int64, pin_memory=pinned)
-                      for _ in range(read_back_lag + 1)]
-        self._next_host = 0
+        self._read_backs: deque[ReadBack] = deque()  # taken, not yet read; oldest first
         self._steps = 0  # batched steps run so far
         self._admit_at = 0  # the step from which the waiting sequences are admitted (see ADMIT_GATHER_STEPS)
         self._deferred = 0  # steps in a row admission has waited for listeners' lead (see ADMIT_MIN_LEAD_S)
+        self._due: dict[int, bool] = {}  # by slot: whether the sequence hands out after the last step
 
     # ---- queue --------------------------------------------------------------------------------
 
@@ -181,13 +229,13 @@ class Scheduler:
         if front:
             self._admit_at = self._steps
         elif not self._waiting:
-            self._admit_at = self._steps + self.admit_gather_steps
+            self._admit_at = self._steps + self.config.admit_gather_steps
         (self._waiting.appendleft if front else self._waiting.append)((spec, owner, front))
 
     @property
     def busy(self) -> bool:
-        # A snapshot not yet read still holds its sequences' owners: one more iteration drops it.
-        return bool(self._waiting or self._running or self._snapshots)
+        # A read-back not yet done still holds its sequences' owners: one more step drops it.
+        return bool(self._waiting or self._running or self._read_backs)
 
     @property
     def running(self) -> int:
@@ -204,7 +252,7 @@ class Scheduler:
     @property
     def drained(self) -> bool:
         """No sequence running and no step's read-back outstanding: graphs may be captured."""
-        return not self._running and not self._snapshots
+        return not self._running and not self._read_backs
 
     @property
     def demand(self) -> int:
@@ -213,52 +261,107 @@ class Scheduler:
 
     @property
     def needs_capture(self) -> bool:
-        """More sequences ask to run than the runner's graphs can step, and it can capture more."""
-        return self.demand > self.runner.ready_slots and bool(self.runner.pending_batches)
+        """More sequences ask to run than the captured graphs can step, and more can be captured."""
+        return self.demand > self.graphs.ready_slots and bool(self.graphs.pending_batches)
 
-    # ---- one iteration ------------------------------------------------------------------------
+    # ---- one step -----------------------------------------------------------------------------
 
-    def iteration(self) -> list[Harvest]:
-        self._drop_cancelled()
-        self._admit()
-        if self._running:
-            self._step()
-        harvests = []
-        # Once nothing runs, no later step will come: the snapshots left are read at once.
-        while self._snapshots and (self._snapshots[0].step <= self._steps - self.read_back_lag or not self._running):
-            harvests += self._harvest(self._snapshots.popleft())
-        return harvests
+    def schedule(self) -> SchedulePlan:
+        """Drop the cancelled sequences and pick the ones to admit."""
+        plan = SchedulePlan([], [], [])
+        self._drop_cancelled(plan)
+        self._admit(plan)
+        return plan
 
-    def fail_all(self, exc: BaseException) -> None:
-        """After an error in a batched step: every running and waiting sequence fails with it."""
-        for seq in list(self._running.values()):
-            self._retire(seq)
-            seq.owner.fail(exc)
-        while self._waiting:
-            self._waiting.popleft()[1].fail(exc)
-        self._snapshots.clear()  # their sequences have failed: nothing left to hand out
+    def batch(self, started: list[Admission]) -> StepBatch | None:
+        """The `started` admissions run from now on; the batch to step, None when nothing runs."""
+        for a in started:
+            self._running[a.slot] = _Running(a.spec, a.owner, a.slot, a.spec.prompt_length, a.budget,
+                                             continues=a.continues)
+        if not self._running:
+            return None
+        rows = max(self._running) + 1
+        kv_needed = max(s.prompt_len + s.steps for s in self._running.values())
+        self._steps += 1
+        for seq in self._running.values():
+            seq.steps += 1
+        self._due = {slot: _is_due(seq) for slot, seq in self._running.items()}
+        return StepBatch(rows, kv_needed, any(self._due.values()) or self._steps % END_CHECK_STEPS == 0)
+
+    def read_back_queued(self, counts: Any) -> None:
+        """The step's frame counts are being copied (`counts`: the runner's handle for them)."""
+        steps = {slot: (seq, seq.steps, self._due[slot]) for slot, seq in self._running.items()}
+        self._read_backs.append(ReadBack(counts, steps, self._steps))
+
+    def next_read_back(self) -> ReadBack | None:
+        """The oldest read-back due now: `read_back_lag` steps behind, or at once when nothing runs
+        (no later step will come)."""
+        if self._read_backs and (self._read_backs[0].step <= self._steps - self.config.read_back_lag or not self._running):
+            return self._read_backs.popleft()
+        return None
+
+    def hand_out(self, read: ReadBack, length: list[int], done: list[int]) -> list[HandOut]:
+        """The frames of the sequences due at the read-back's step (or found ended there), given
+        each slot's frames before <|im_end|> (`length`) and end flag (`done`); retires the finished
+        ones (their slots: the hand-outs marked final)."""
+        hand_outs = []
+        for slot, (seq, steps, due) in read.steps.items():
+            if self._running.get(slot) is not seq:
+                continue  # cancelled since
+            ended = bool(done[slot]) and seq.spec.stop_at_end
+            if not (ended or due):
+                continue
+            valid = length[slot] if ended else steps
+            final = ended or steps >= seq.budget
+            hand_outs.append(HandOut(seq.owner, slot, seq.emitted, valid, first=not seq.harvested, final=final))
+            if not seq.harvested:
+                seq.first_out = self.clock()
+            seq.emitted, seq.harvested = valid, True
+            if final:
+                del self._running[slot]
+        return hand_outs
+
+    def fail_all(self, exc: BaseException) -> tuple[list[int], list[tuple[Any, BaseException]]]:
+        """After an error in a batched step: every running and waiting sequence fails with it.
+        Returns the slots to free and the failures to tell."""
+        stopped = list(self._running)
+        failed = [(seq.owner, exc) for seq in self._running.values()]
+        self._running.clear()
+        failed += [(owner, exc) for _, owner, _ in self._waiting]
+        self._waiting.clear()
+        self._read_backs.clear()  # their sequences have failed: nothing left to hand out
         self._deferred = 0
+        return stopped, failed
 
-    def _drop_cancelled(self) -> None:
+    # ---- policy -------------------------------------------------------------------------------
+
+    @property
+    def _room(self) -> int:
+        # The steps run past a sequence's end before its read-back (read_back_lag - 1 of them beyond
+        # the one the cache's last position takes) must find room too.
+        return self.capacity - (self.config.read_back_lag - 1)
+
+    def _drop_cancelled(self, plan: SchedulePlan) -> None:
         for seq in [s for s in self._running.values() if s.owner.cancelled]:
-            self._retire(seq)
-            seq.owner.fail(Cancelled())
+            del self._running[seq.slot]
+            plan.stopped.append(seq.slot)
+            plan.failed.append((seq.owner, Cancelled()))
         if any(owner.cancelled for _, owner, _ in self._waiting):
             keep = deque()
             for entry in self._waiting:
                 if entry[1].cancelled:
-                    entry[1].fail(Cancelled())
+                    plan.failed.append((entry[1], Cancelled()))
                 else:
                     keep.append(entry)
             self._waiting = keep
 
-    def _admit(self) -> None:
+    def _admit(self, plan: SchedulePlan) -> None:
         if self.needs_capture:
             return  # drain: the caller captures larger batch graphs once nothing runs
-        if self._running and self._steps < self._admit_at and len(self._waiting) < self.max_admit_per_step:
+        if self._running and self._steps < self._admit_at and len(self._waiting) < self.config.max_admit_per_step:
             return  # gather arrivals for one prefill call (see ADMIT_GATHER_STEPS)
         # At least one row: without any graph, the step itself reports what is missing.
-        limit = min(self.n_slots, max(self.runner.ready_slots, 1))
+        limit = min(self.n_slots, max(self.graphs.ready_slots, 1))
         if not self._waiting or len(self._running) >= limit:
             self._deferred = 0
             return
@@ -268,155 +371,31 @@ class Scheduler:
             return
         self._deferred = 0
         free = sorted(set(range(self.n_slots)) - self._running.keys())
-        admitted: list[_Running] = []
-        stored: dict[int, tuple[Tensor, Tensor]] = {}  # by slot: the cached voice prefixes to place
-        # The steps run past a sequence's end before its read-back (read_back_lag - 1 of them beyond
-        # the one the cache's last position takes) must find room too.
-        room = self.runner.cache.capacity - (self.read_back_lag - 1)
-        while self._waiting and len(self._running) + len(admitted) < limit and len(admitted) < self.max_admit_per_step:
+        admitted = plan.admitted
+        while self._waiting and len(self._running) + len(admitted) < limit and len(admitted) < self.config.max_admit_per_step:
             spec, owner, front = self._waiting.popleft()
-            seq = _Running(spec, owner, free[len(admitted)], spec.prompt.shape[1], 0, continues=front)
             try:
-                seq.budget = frame_budget(spec.prompt.shape[1], spec.max_new_tokens, room)
-                seq.text_start, prefix = self._voice_prefix(seq.slot, spec)
-            except Exception as exc:  # this sequence's fault (or its prefill's): it alone fails
-                owner.fail(exc)
+                budget = frame_budget(spec.prompt_length, spec.max_new_tokens, self._room)
+            except ValueError as exc:  # this sequence's fault: it alone fails
+                plan.failed.append((owner, exc))
                 continue
-            admitted.append(seq)
-            if prefix is not None:
-                stored[seq.slot] = prefix
-        self._start(self._prefill_texts(self._place_prefixes(admitted, stored)))
-
-    def _start(self, prefilled: list[_Running]) -> None:
-        """Start the prefilled sequences' rows of the decode state, together (each alone if that fails)."""
-        def start(seqs: list[_Running]) -> None:
-            self.runner.state.start_many([(seq.slot, seq.spec.prompt[:, -1], seq.spec.prompt.shape[1] - 1,
-                                           seq.spec.temperature, seq.spec.top_p, seq.spec.repetition_penalty,
-                                           seq.spec.noise_key) for seq in seqs])
-
-        for seq in self._together_or_alone(prefilled, start, "starting decode rows"):
-            self._running[seq.slot] = seq
-
-    def _together_or_alone(self, seqs: list[_Running], call, what: str) -> list[_Running]:
-        """call(seqs) once; if it raises, call([seq]) for each (a lone sequence is not tried twice),
-        so that only a sequence whose own call fails fails. Returns the sequences that went through."""
-        if not seqs:
-            return []
-        try:
-            call(seqs)
-            return seqs
-        except Exception as exc:
-            if len(seqs) == 1:
-                seqs[0].owner.fail(exc)
-                return []
-            logger.warning("{} for {} sequences together failed ({}): one at a time", what, len(seqs), exc)
-        went_through = []
-        for seq in seqs:
-            try:
-                call([seq])
-                went_through.append(seq)
-            except Exception as exc:
-                seq.owner.fail(exc)
-        return went_through
+            admitted.append(Admission(free[len(admitted)], spec, owner, budget, continues=front))
 
     def _a_listener_is_short(self) -> bool:
         """Whether a stream in its ramp (handed out, not a request's next chunk) has less than
         admit_min_lead_s of audio ahead of its listener."""
-        if self.frame_rate is None or not self.admit_min_lead_s:
+        lead = self.config.admit_min_lead_s
+        if self.frame_rate is None or not lead:
             return False
         now = self.clock()
-        return any(seq.emitted / self.frame_rate - (now - seq.first_out) < self.admit_min_lead_s
+        return any(seq.emitted / self.frame_rate - (now - seq.first_out) < lead
                    for seq in self._running.values()
                    if seq.first_out is not None and not seq.continues and seq.emitted < RAMP_END)
 
-    def _voice_prefix(self, slot: int, spec: SequenceSpec) -> tuple[int, tuple[Tensor, Tensor] | None]:
-        """The first prompt column still to prefill, and the stored voice prefix to place in the
-        slot (None when there is none to place). A prefix the cache does not hold is prefilled in
-        the slot and stored at once, so that a later sequence of the same burst finds it."""
-        prefix = spec.prefix_length
-        usable = (self.prefix_cache is not None and spec.prefix_key is not None
-                  and MIN_PREFIX <= prefix < spec.prompt.shape[1])
-        if not usable:
-            return 0, None
-        # The prefix is always prefilled on its own, hit or miss, so a sequence's KV (and so its
-        # frames) does not depend on whether its voice was cached.
-        cached = self.prefix_cache.get(spec.prefix_key, prefix)
-        if cached is None:
-            self.runner.prefill(slot, spec.prompt, 0, prefix)
-            self.prefix_cache.store(spec.prefix_key, slot, prefix)
-        return prefix, cached
 
-    def _place_prefixes(self, admitted: list[_Running], stored: dict[int, tuple[Tensor, Tensor]]) -> list[_Running]:
-        """Copy the stored voice prefixes (by slot) into their slots, in one call; returns the
-        sequences that can go on."""
-        def place(seqs: list[_Running]) -> None:
-            self.prefix_cache.place([(stored[seq.slot], seq.slot) for seq in seqs])
-
-        placed = {seq.slot for seq in self._together_or_alone([seq for seq in admitted if seq.slot in stored], place,
-                                                                "placing voice prefixes")}
-        return [seq for seq in admitted if seq.slot not in stored or seq.slot in placed]
-
-    def _prefill_texts(self, admitted: list[_Running]) -> list[_Running]:
-        """Prefill the rest of every admitted prompt, together; returns the sequences that can run."""
-        def prefill(seqs: list[_Running]) -> None:
-            self.runner.prefill_many([(seq.slot, seq.spec.prompt, seq.text_start) for seq in seqs])
-
-        return self._together_or_alone(admitted, prefill, "prefilling texts")
-
-    def _step(self) -> None:
-        batch = max(self._running) + 1
-        kv_needed = max(s.prompt_len + s.steps for s in self._running.values())
-        self.runner.step(batch, kv_needed)
-        self._steps += 1
-        for seq in self._running.values():
-            seq.steps += 1
-        due = {slot: self._due(seq) for slot, seq in self._running.items()}
-        if any(due.values()) or self._steps % END_CHECK_STEPS == 0:
-            self._snapshots.append(self._take_snapshot(due))
-
-    @staticmethod
-    def _due(seq: _Running) -> bool:
-        # Fixed block lengths per sequence (BLOCK_SIZES): the codec replays a graph per length.
-        steps = seq.steps
-        if steps >= seq.budget or steps in RAMP_MARKS:
-            return True
-        return steps > RAMP_END and (steps - RAMP_END) % BLOCK == 0
-
-    def _take_snapshot(self, due: dict[int, bool]) -> _Snapshot:
-        state = self.runner.state
-        host = self._host[self._next_host]
-        self._next_host = (self._next_host + 1) % len(self._host)
-        host[0].copy_(state.length, non_blocking=True)
-        host[1].copy_(state.done, non_blocking=True)
-        ready = None
-        if host.is_pinned():
-            ready = torch.cuda.Event()
-            ready.record()
-        steps = {slot: (seq, seq.steps, due[slot]) for slot, seq in self._running.items()}
-        return _Snapshot(host, ready, steps, self._steps)
-
-    def _harvest(self, snapshot: _Snapshot) -> list[Harvest]:
-        """Frames of the sequences due at the snapshot's step (or found ended there)."""
-        length, done = snapshot.wait()
-        frames = self.runner.state.frames
-        harvests = []
-        for slot, (seq, steps, due) in snapshot.steps.items():
-            if self._running.get(slot) is not seq:
-                continue  # cancelled since
-            ended = bool(done[slot]) and seq.spec.stop_at_end
-            if not (ended or due):
-                continue
-            valid = length[slot] if ended else steps
-            final = ended or steps >= seq.budget
-            codes = frames[slot, 1:, seq.emitted:valid]
-            harvests.append(Harvest(seq.owner, slot, codes, first=not seq.harvested, final=final))
-            if not seq.harvested:
-                seq.first_out = self.clock()
-            seq.emitted, seq.harvested = valid, True
-            if final:
-                self._retire(seq)
-        return harvests
-
-    def _retire(self, seq: _Running) -> None:
-        self.runner.state.stop(seq.slot)
-        del self._running[seq.slot]
+def _is_due(seq: _Running) -> bool:
+    # Fixed block lengths per sequence (BLOCK_SIZES): the codec replays a graph per length.
+    steps = seq.steps
+    if steps >= seq.budget or steps in RAMP_MARKS:
+        return True
+    return steps > RAMP_END and (steps - RAMP_END) % BLOCK == 0

@@ -21,18 +21,17 @@ from ..compilation import CompilePolicy, raise_recompile_limit
 from ..model.dual_ar import DualARTransformer, KVView, call_block, embed_and_rotation, fused_norm_then_linear
 from .cuda_graphs import capture
 from .decode_step import DecodeState, decode_step, record_frame
-from .generate import FullVocabHead, SemanticHead, StepOps, sample_and_embed, sample_first_code, sampling_inputs
+from .frame_sampler import FullVocabHead, SemanticHead, StepOps, sample_and_embed, sample_first_code, sampling_inputs
 from .kv_cache import KVCache
 from .prefill_graphs import PrefillGraphs, PrefillRow
 
 MIN_KV_BUCKET = 256
 # Prefill attention without cuDNN: cuDNN builds an execution plan for every new (query, key) length,
-# ~1.6 ms of host time per layer (45 ms per prefill of a new length), and a trace of a new server's
-# first voice request showed ~1 s in one prefill building the first plans (H100, torch 2.11). Prompt
-# lengths vary from request to request; these backends need no per-length plans.
+# milliseconds of host time per layer, and a new server's first requests would spend up to a second
+# building them. Prompt lengths vary from request to request; these backends need no per-length plans.
 PREFILL_ATTENTION = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 # Prompt columns of all rows of one batched prefill, padding included: bounds its activations
-# (~0.4 GB at full size in bf16) and how long running sequences wait for it (~10 ms on an H100).
+# (~0.4 GB at full size in bf16) and how long running sequences wait for it.
 PREFILL_COLUMNS = 8192
 # Graphs per compiled region: sizes 1 and above-1 of the batch and kv length, each head's width.
 RECOMPILE_LIMIT = 32

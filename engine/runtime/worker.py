@@ -3,8 +3,8 @@
 CUDA graphs, compiled callables and grad mode are thread-local, so every tensor operation of the
 engine runs on this thread. Callers submit a job and iterate its results from their own thread.
 The thread alternates between the jobs that have arrived (each one's `work` runs at once: set-up
-calls run to completion, requests hand their sequences to the scheduler) and one `iterate()` of the
-engine's decode loop: after each round of jobs, and whenever no job waits while the loop has work.
+calls run to completion, requests hand their sequences to the scheduler) and one `step()` of the
+engine: after each round of jobs, and whenever no job waits while the loop has work.
 With nothing to do for IDLE_AFTER_S, it runs the background work given to `when_idle` (capturing
 larger batch graphs), one unit between checks of its queue, until none is left. A job ends when `finish()` is called on it, by its work
 or later by whoever carries it on; a failing job reports its exception to its caller and the
@@ -80,14 +80,14 @@ class Job:
 
 class GPUWorker:
     """capacity: jobs accepted at once (running or waiting); beyond it submit() raises QueueFullError.
-    iterate: one step of the engine's decode loop; returns whether it still has work.
+    step: one engine step; returns whether it still has work.
     on_start: runs first on the worker thread (thread-local set-up, such as its CUDA stream); if it
     fails, the failure is logged and the worker runs without it."""
 
-    def __init__(self, capacity: int, iterate: Callable[[], bool] = lambda: False, name: str = "s1-gpu-worker",
+    def __init__(self, capacity: int, step: Callable[[], bool] = lambda: False, name: str = "s1-gpu-worker",
                  on_start: Callable[[], None] = lambda: None):
         self.capacity = capacity
-        self._iterate = iterate
+        self._step = step
         self._on_start = on_start
         self._idle: Callable[[], bool] | None = None
         self._queue: queue.Queue[Job | None] = queue.Queue()
@@ -140,7 +140,7 @@ class GPUWorker:
             logger.exception("the GPU worker's set-up failed; it runs without it")
         busy, quiet = False, False
         while True:
-            # Busy: poll between iterations. Idle work left: wait IDLE_AFTER_S for a job the first
+            # Busy: poll between steps. Idle work left: wait IDLE_AFTER_S for a job the first
             # time, then poll between its units. Otherwise: sleep until a job arrives.
             idle = self._idle is not None and not busy
             timeout = (0 if quiet else IDLE_AFTER_S) if idle else None
@@ -148,7 +148,7 @@ class GPUWorker:
                 job = self._queue.get(block=not busy, timeout=timeout)
             except queue.Empty:
                 if busy:
-                    busy = self._guarded(self._iterate, "decode loop iteration")
+                    busy = self._guarded(self._step, "engine step")
                 else:
                     quiet = True
                     if not self._guarded(self._idle, "background work"):
@@ -157,7 +157,7 @@ class GPUWorker:
             if not self._run_round(job):
                 return
             job = None  # hold no finished job (its unread output) while the loop waits
-            busy = self._guarded(self._iterate, "decode loop iteration")  # the jobs may have handed it work
+            busy = self._guarded(self._step, "engine step")  # the jobs may have handed it work
             quiet = False
 
     def _run_round(self, job: Job | None) -> bool:

@@ -1,17 +1,17 @@
-"""Frame generation: the plain, obviously correct eager path.
+"""One frame from the slow transformer's last hidden state, for every row of a batch.
 
-`sample_frame` turns the slow transformer's last hidden state into one frame of 11 ints for every
-row of a batch (codebook 0 from the slow head, codebooks 1..9 from the fast transformer) and records
-it in the rows' history; `next_frame`, the same without the recording, is the unit that faster
-runtimes batch and capture (decode_step records with the rest of its bookkeeping). `iter_frames`
-drives one sequence from its prompt to `<|im_end|>` or its frame budget.
+`next_frame` samples codebook 0 from the slow head and codebooks 1..9 from the fast transformer:
+11 ints per row. It is the unit the decode step batches and captures (decode_step records the frame
+with the rest of its bookkeeping); `StepOps` names the pieces it repeats, which the step runner
+swaps for compiled versions. tests/reference_generation.py drives it one sequence at a time, the
+plain path the fast ones are checked against.
 """
 
 from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import Callable, Iterator
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -52,13 +52,6 @@ class FrameHistory:
         entry = torch.cat([frame[:, :1], frame[:, 2:]], dim=1).unsqueeze(-1)
         self.ids.scatter_(2, slot, entry)
         self.generated += advance
-
-
-def new_fast_cache(model: DualARTransformer, batch: int) -> KVCache:
-    c = model.config
-    param = model.fast_output.weight
-    return KVCache(c.n_fast_layer, batch, c.fast_n_local_heads, c.num_codebooks, c.fast_head_dim,
-                   param.dtype, param.device)
 
 
 class FullVocabHead:
@@ -188,15 +181,6 @@ class StepOps:
     side_stream: torch.cuda.Stream | None = None
 
 
-def sample_frame(model: DualARTransformer, head, hidden: Tensor, params: SamplingTensors, history: FrameHistory,
-                 fast_cache: KVCache, ops: StepOps = StepOps(), advance: Tensor | int = 1) -> Tensor:
-    """hidden (B, 1, dim): slow residual stream at the last position -> frame (B, 1 + num_codebooks)
-    int64, recorded in history (advance: see FrameHistory.push)."""
-    frame = next_frame(model, head, hidden, params, history, fast_cache, ops)
-    history.push(frame, advance)
-    return frame
-
-
 def next_frame(model: DualARTransformer, head, hidden: Tensor, params: SamplingTensors, history: FrameHistory,
                fast_cache: KVCache, ops: StepOps = StepOps()) -> Tensor:
     """sample_frame without recording the frame in history (the caller does)."""
@@ -206,8 +190,8 @@ def next_frame(model: DualARTransformer, head, hidden: Tensor, params: SamplingT
     # Every fast position's rotation, made once per frame.
     fast_rope = model.rope_fast[None, :n_codebooks].expand(batch, -1, -1, -1).contiguous()
 
-    # One row only: at batches of 2-64 the second stream made each step ~0.25 ms slower (H100, 2026-11-27);
-    # at batch 1 it saved ~25 us a frame.
+    # One row only: a second stream saves a little time per frame at batch 1 and costs more than it
+    # saves at larger batches.
     side = ops.side_stream if hidden.is_cuda and batch == 1 else None
     if side is not None:  # two branches (of the captured graph), joined before fast position 1
         side.wait_stream(torch.cuda.current_stream())
@@ -233,54 +217,3 @@ def next_frame(model: DualARTransformer, head, hidden: Tensor, params: SamplingT
                                       model.fast_embeddings.weight)
             codes.append(code)
     return torch.stack([token] + codes, dim=1)
-
-
-def frame_budget(prompt_len: int, max_new_tokens: int, capacity: int) -> int:
-    """Frames to generate at most: max_new_tokens (0 = no limit), clamped to the free context."""
-    room = capacity - prompt_len
-    if room < 1:
-        raise ValueError(f"prompt of {prompt_len} positions leaves no room in a context of {capacity}")
-    return room if max_new_tokens <= 0 else min(max_new_tokens, room)
-
-
-def iter_frames(model: DualARTransformer, prompt: Tensor, params: SamplingTensors, *, max_new_tokens: int,
-                cache: KVCache) -> Iterator[Tensor]:
-    """Yield frames (1 + num_codebooks,) for one prompt (1 + num_codebooks, L) in cache slot 0, the
-    last being `<|im_end|>` if the model stopped within the budget."""
-    device = prompt.device
-    prompt_len = prompt.shape[1]
-    budget = frame_budget(prompt_len, max_new_tokens, cache.capacity)
-    history = FrameHistory.empty(1, model.config.num_codebooks, device)
-    fast_cache = new_fast_cache(model, 1)
-    head = FullVocabHead(model)
-
-    positions = torch.arange(prompt_len, device=device)[None]
-    hidden = model.forward_slow(prompt[None].long(), cache.views(positions, prompt_len))[:, -1:]
-    for i in range(budget):
-        frame = sample_frame(model, head, hidden, params, history, fast_cache)
-        yield frame[0]
-        if int(frame[0, 0]) == model.layout.im_end_id or i == budget - 1:
-            return
-        position = prompt_len + i
-        positions = torch.tensor([[position]], device=device)
-        hidden = model.forward_slow(frame[:, :, None], cache.views(positions, position + 1))
-
-
-@dataclass
-class Generation:
-    tokens: Tensor  # (1 + num_codebooks, N) every generated column
-    stopped_on_im_end: bool
-
-    @property
-    def codes(self) -> Tensor:
-        """(num_codebooks, N - 1) int32: every column but the last, as the reference returns them
-        (the last is `<|im_end|>` when the model stopped, and is dropped either way)."""
-        return self.tokens[1:, :-1].to(torch.int32)
-
-
-@torch.inference_mode()
-def generate(model: DualARTransformer, prompt: Tensor, params: SamplingTensors, *, max_new_tokens: int,
-             cache: KVCache) -> Generation:
-    frames = list(iter_frames(model, prompt, params, max_new_tokens=max_new_tokens, cache=cache))
-    tokens = torch.stack(frames, dim=1)
-    return Generation(tokens.to(torch.int32), bool(tokens[0, -1] == model.layout.im_end_id))

@@ -1,0 +1,128 @@
+"""Reference clips waiting for their codes: one encode per clip however many requests ask for it,
+at most ENCODES_IN_FLIGHT on the GPU at once, and the requests waiting for them.
+
+A reference encode is tens of milliseconds of GPU work and a few hundred graph launches; a burst of
+new voices queued at once fills the GPU's command buffer, after which every launch, the decode
+steps' too, waits for the encodes to drain. One at a time leaves the encoder idle between clips
+(the next starts when the worker sees the last one finish), and takes the least of the GPU from
+the running streams.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+from loguru import logger
+
+from .references import ReferenceCodeCache
+from .request import ReferenceClip
+from .runtime.reference_encoder import EncodeHandle, ReferenceEncoder
+
+if TYPE_CHECKING:
+    from .request_run import RequestRun
+
+ENCODES_IN_FLIGHT = 1
+ENCODE_POLL_S = 0.001  # how often an otherwise idle worker checks whether an encode has finished
+
+
+class ClipEncode:
+    """One reference clip's encode: waiting for its turn until `start`, then running on the GPU."""
+
+    def __init__(self, samples: np.ndarray):
+        self.samples: np.ndarray | None = samples
+        self.handle: EncodeHandle | None = None
+        self.error: Exception | None = None
+
+    @property
+    def started(self) -> bool:
+        return self.handle is not None or self.error is not None
+
+    def start(self, encoder: ReferenceEncoder) -> None:
+        try:
+            self.handle = encoder.start(self.samples)
+        except Exception as exc:  # the requests waiting for this clip fail with it (RequestRun.try_start)
+            self.error = exc
+        self.samples = None
+
+    def ready(self) -> bool:
+        return self.error is not None or (self.handle is not None and self.handle.ready())
+
+    def result(self) -> torch.Tensor:
+        """The clip's codes; raises the encode's error. Only once ready()."""
+        if self.error is not None:
+            raise self.error
+        return self.handle.result()
+
+
+class ClipEncodeQueue:
+    def __init__(self, encoder: ReferenceEncoder, cache: ReferenceCodeCache):
+        self.encoder, self.cache = encoder, cache
+        self._encoding: dict[str, ClipEncode] = {}  # clips being encoded or waiting to, by cache key
+        self._awaiting: list[RequestRun] = []  # requests waiting for their clips' codes
+
+    @property
+    def busy(self) -> bool:
+        """Encodes running or requests waiting for them: the worker keeps stepping."""
+        return bool(self._encoding or self._awaiting)
+
+    def codes(self, clip: ReferenceClip) -> torch.Tensor | ClipEncode:
+        """A reference clip's codes from the cache, or its encode, which `poll` caches once done.
+
+        The encode runs in chunks with carried state: the same codes as one whole encode, with the
+        activations of one chunk at a time (fp32, like the reference)."""
+        key = clip.key
+        codes = self.cache.cached_copy(key)
+        if codes is not None:
+            return codes
+        if key not in self._encoding:
+            self._encoding[key] = ClipEncode(clip.samples)
+            self._start_next()
+            encode = self._encoding[key]
+            if encode.ready() and encode.error is None:  # encoded at once (CPU, or a clip too long for the graph)
+                del self._encoding[key]
+                return self.cache.put(key, encode.result()).clone()
+        return self._encoding[key]
+
+    def await_voice(self, run: RequestRun) -> None:
+        """`run` starts once its reference clips are encoded (see `poll`)."""
+        self._awaiting.append(run)
+
+    def poll(self, idle: bool) -> list[RequestRun]:
+        """Cache the codes of finished encodes and start the requests whose clips all are; returns
+        the requests that stopped waiting (started, or finished meanwhile). idle=True (nothing else to step or decode): sleep a
+        millisecond first when no encode has finished, rather than spin, or block the worker's
+        queue on an encode."""
+        if idle and self._encoding and not any(encode.ready() for encode in self._encoding.values()):
+            time.sleep(ENCODE_POLL_S)
+        for key, encode in list(self._encoding.items()):
+            try:
+                if encode.ready():
+                    del self._encoding[key]
+                    self.cache.put(key, encode.result())
+            except Exception:  # its requests fail as they read it (RequestRun.try_start)
+                self._encoding.pop(key, None)
+                logger.exception("encoding a reference clip failed")
+        waiting, started = [], []
+        for run in self._awaiting:
+            try:
+                (started if run.try_start() else waiting).append(run)
+            except Exception as exc:  # a failed encode, or its prompt is too long: that request alone fails
+                run.fail(exc)
+        self._awaiting = waiting
+        # A clip still waiting for its turn whose requests have all gone (cancelled) is not encoded.
+        wanted = {id(encode) for run in waiting for encode in run.encodes}
+        for key, encode in list(self._encoding.items()):
+            if not encode.started and id(encode) not in wanted:
+                del self._encoding[key]
+        self._start_next()
+        return started
+
+    def _start_next(self) -> None:
+        """Start the oldest waiting encodes while fewer than ENCODES_IN_FLIGHT run."""
+        running = sum(encode.started and not encode.ready() for encode in self._encoding.values())
+        waiting = [encode for encode in self._encoding.values() if not encode.started]
+        for encode in waiting[:max(ENCODES_IN_FLIGHT - running, 0)]:
+            encode.start(self.encoder)

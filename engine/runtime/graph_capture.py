@@ -1,0 +1,75 @@
+"""Which CUDA graphs exist when: the decode step's, the codec's and the reference encoder's.
+
+`prepare` captures what one running sequence needs before any request; `capture_more` captures the
+larger batch buckets later, one bucket at a time, while no sequence runs (capture rewrites decode
+state): when the worker is idle, or when the scheduler has drained for a demand the captured graphs
+cannot serve (Scheduler.needs_capture).
+"""
+
+from __future__ import annotations
+
+import torch
+from loguru import logger
+
+from .codec_runner import CodecRunner
+from .reference_encoder import ReferenceEncoder
+from .step_runner import StepRunner
+
+
+def use_high_priority_stream(device: torch.device) -> None:
+    """On the worker thread, before its first GPU work, on CUDA: make a stream of the highest
+    priority its current one (the current stream is per thread).
+
+    The thread's eager work (the prefill of admitted requests, copies) then outranks the codec
+    chunks and reference encodes, which run on streams of the lowest priority: whenever SMs free
+    up, the block scheduler starts its kernels before more blocks of a codec kernel. CUDA graphs
+    keep the priority of the stream they were captured on (torch >= 2.10 instantiates them with
+    node priorities), so the step runner captures its graphs at the current stream's priority:
+    the decode steps outrank the codec's graphs too."""
+    if device.type != "cuda":
+        return
+    stream = torch.cuda.Stream(device, priority=torch.cuda.Stream.priority_range()[1])
+    stream.wait_stream(torch.cuda.default_stream(device))  # weights made on other threads' default stream
+    torch.cuda.set_stream(stream)
+    logger.info("decode steps run on a CUDA stream of priority {} (codec and encodes: {})",
+                stream.priority, torch.cuda.Stream.priority_range()[0])
+
+
+class GraphCapture:
+    def __init__(self, steps: StepRunner, codec: CodecRunner, encoder: ReferenceEncoder):
+        self.steps, self.codec, self.encoder = steps, codec, encoder
+
+    def prepare(self) -> float:
+        """On the worker thread, before any request: compile, and capture the graphs of one running
+        sequence (decode step, codec, reference encoder) and the codec's of two. Returns the
+        seconds it took."""
+        seconds = self.steps.prepare([1])
+        if self.steps.policy.cuda_graphs:
+            # The codec's graphs of two rows too: their capture compiles the post-transformer's
+            # graph for every row count above one (set_up_codec), which would otherwise happen at the
+            # first larger batch's capture, while requests wait.
+            seconds += self.codec.prepare(min(2, self.codec.rows)) + self.encoder.prepare()
+        return seconds
+
+    def capture_more(self, up_to: int = 0) -> bool:
+        """Capture the next batch bucket's codec and step graphs, and the following ones until `up_to`
+        rows are ready; the caller makes sure no sequence runs and the codec is idle. Returns
+        whether buckets remain.
+
+        The codec's graphs come first: the runner's ready_slots, which admission follows, then rises
+        only for batches whose graphs all exist. A failed capture is logged and ends capturing: the
+        batches captured before it keep serving."""
+        while self.steps.pending_batches:
+            batch = self.steps.pending_batches[0]
+            try:
+                seconds = self.codec.prepare(batch) + self.steps.prepare([batch])
+            except Exception:
+                self.steps.stop_capturing()
+                logger.exception("capturing the graphs of batch {} failed; serving at most {} sequences at once",
+                                 batch, self.steps.ready_slots)
+                return False
+            logger.info("graphs of batch {} captured in {:.1f} s ({} of {} sequences can run at once)",
+                        batch, seconds, self.steps.ready_slots, self.steps.cache.n_slots)
+            if self.steps.ready_slots >= up_to:
+                break
+        return bool(self.steps.pending_batches)
