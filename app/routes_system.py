@@ -6,6 +6,7 @@ All answer on the event loop, from memory: none waits for a thread that generati
 from __future__ import annotations
 
 from fastapi import APIRouter, Depends
+from starlette.concurrency import run_in_threadpool
 from starlette.responses import PlainTextResponse, Response
 
 from .errors import HTTPProblem, error_responses, retry_after
