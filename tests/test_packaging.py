@@ -34,8 +34,16 @@ def test_requirements_txt_is_pyprojects_dependency_list():
 
 
 def test_requirements_dev_txt_is_the_dev_extra():
-    assert "-r requirements.txt" in (ROOT / "requirements-dev.txt").read_text()
-    assert requirement_lines(ROOT / "requirements-dev.txt") == normalized(PYPROJECT["project"]["optional-dependencies"]["dev"])
+    extras = PYPROJECT["project"]["optional-dependencies"]
+    dev = (ROOT / "requirements-dev.txt").read_text()
+    assert "-r requirements.txt" in dev and "-r requirements-ray.txt" in dev
+    listed = requirement_lines(ROOT / "requirements-dev.txt") | requirement_lines(ROOT / "requirements-ray.txt")
+    assert listed == normalized(extras["dev"])
+
+
+def test_requirements_ray_txt_is_the_ray_extra():
+    extras = PYPROJECT["project"]["optional-dependencies"]
+    assert requirement_lines(ROOT / "requirements-ray.txt") == normalized(extras["ray"])
 
 
 def test_every_torch_requirement_states_the_tested_range():
