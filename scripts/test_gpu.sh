@@ -17,7 +17,8 @@ cd "$(dirname "$0")/.."
 # The runtime packages the GPU tests import that a CUDA image with PyTorch, Triton, pytest and
 # pytest-xdist usually lacks (no gradio: the UI has no GPU tests).
 WHEELS="torchao soundfile cffi pycparser soxr pydub platformdirs loguru fastapi starlette pydantic pydantic-core
-annotated-types typing-inspection uvicorn httptools python-multipart ormsgpack pybase64"
+annotated-types typing-inspection annotated-doc uvicorn httptools python-multipart ormsgpack pybase64 fastapi-offline
+opentelemetry-api importlib-metadata"
 
 if [ "${1:-}" = "--fetch-wheels" ]; then
   mkdir -p .whl
