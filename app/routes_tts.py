@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import logging
 import numbers
+import threading
 
 import ormsgpack
 from fastapi import APIRouter, Request
@@ -14,9 +15,9 @@ from engine.audio import MIME_TYPES, encode_audio
 from engine.facade import SynthesisResult
 
 from .api_schema import AUDIO_FORMATS, BatchTTSRequest, TTSRequest
-from .audio_out import streamed_audio, whole_audio
+from .audio_out import CLIENT_CLOSED_REQUEST, streamed_audio, whole_audio
 from .body import BODY_TYPES, JSON, MSGPACK, read_body
-from .bridge import call_in_thread
+from .bridge import call_in_thread, until_disconnected
 from .errors import HTTPProblem, error_responses, problem_for
 from .openapi import request_body
 from .service import SpeechService, Voice
@@ -76,7 +77,12 @@ def build_router(synth: SpeechService, settings: AppSettings) -> APIRouter:
         req = await read_body(request, BatchTTSRequest, (JSON, MSGPACK))
         if len(req.texts) > settings.max_batch_items:
             raise HTTPProblem(422, f"at most {settings.max_batch_items} texts per batch; got {len(req.texts)}")
-        results = await call_in_thread(lambda: synth.batch(req.texts, Voice.of(req), req.sampling_params()))
+        stop = threading.Event()
+        work = call_in_thread(lambda: synth.batch(req.texts, Voice.of(req), req.sampling_params(), stop=stop))
+        connected, results = await until_disconnected(request.receive, work)
+        if not connected:
+            stop.set()  # the items still running end at their next piece of audio
+            return Response(status_code=CLIENT_CLOSED_REQUEST)
         as_msgpack = MSGPACK in request.headers.get("accept", "")
         items = await call_in_thread(lambda: [_batch_item(i, r, req.format, as_msgpack) for i, r in enumerate(results)])
         body = {"format": req.format, "sample_rate": synth.sample_rate, "results": items}

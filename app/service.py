@@ -7,6 +7,7 @@ Gradio's for the UI), never on the event loop.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -96,8 +97,11 @@ class SpeechService:
         voice: Voice,
         params: SamplingParams,
         progress: Callable[[int, int], None] | None = None,
+        stop: threading.Event | None = None,
     ) -> list[SynthesisResult | Exception]:
-        results = self.engine.synthesize_batch(texts, params=params, progress=progress, **voice.engine_kwargs())
+        """stop: set when the caller left; the items not finished end with Cancelled."""
+        results = self.engine.synthesize_batch(texts, params=params, progress=progress, stop=stop,
+                                               **voice.engine_kwargs())
         for result in results:
             if isinstance(result, SynthesisResult):
                 self._observe_result(result)

@@ -23,7 +23,7 @@ from . import compilation
 from .audio import load_audio
 from .config import EngineConfig
 from .device import memory_gb, slots_that_fit
-from .errors import InputError, VoiceNotFoundError
+from .errors import Cancelled, InputError, VoiceNotFoundError
 from .loader import LoadedModels, load_models
 from .params import SamplingParams
 from .references import DecodedClips, ReferenceCodeCache, default_cache_dir, default_voices_dir
@@ -124,18 +124,31 @@ class TTSEngine:
             yield chunk.samples
 
     def synthesize(self, text: str, *, references: Sequence[ReferenceInput] = (), voice: str | None = None,
-                   params: SamplingParams | None = None) -> SynthesisResult:
+                   params: SamplingParams | None = None, stop: threading.Event | None = None) -> SynthesisResult:
+        """The whole clip. `stop`, set from another thread, drops the request at its next piece of
+        audio (its slot is freed) and raises Cancelled."""
         stats: dict = {}
-        pieces = [c.samples for c in self._stream_chunks(text, references, voice, params, stats)]
+        pieces = []
+        chunks = self._stream_chunks(text, references, voice, params, stats)
+        try:
+            for chunk in chunks:
+                if stop is not None and stop.is_set():
+                    raise Cancelled("the caller stopped waiting for this request")
+                pieces.append(chunk.samples)
+        finally:
+            chunks.close()  # cancels the request in the engine when it did not run to its end
         audio = np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.float32)
         return SynthesisResult(self.sample_rate, audio, stats)
 
     def synthesize_batch(self, texts: Sequence[str], *, references: Sequence[ReferenceInput] = (),
                          voice: str | None = None, params: SamplingParams | None = None,
-                         progress: Callable[[int, int], None] | None = None) -> list[SynthesisResult | Exception]:
+                         progress: Callable[[int, int], None] | None = None,
+                         stop: threading.Event | None = None) -> list[SynthesisResult | Exception]:
         """Every item gets a result or its own error; one bad item never fails the others.
 
-        Items run concurrently on the scheduler, at most one per KV slot at a time from this call."""
+        Items run concurrently on the scheduler, at most one per KV slot at a time from this call.
+        `stop`, set from another thread (the caller left), ends every item that has not finished
+        with Cancelled."""
         results: list[SynthesisResult | Exception | None] = [None] * len(texts)
         done = 0
         lock = threading.Lock()
@@ -143,8 +156,11 @@ class TTSEngine:
         def run(index: int) -> None:
             nonlocal done
             try:
-                results[index] = self.synthesize(texts[index], references=references, voice=voice, params=params)
-            except InputError as exc:
+                if stop is not None and stop.is_set():
+                    raise Cancelled("the caller stopped waiting for this batch")
+                results[index] = self.synthesize(texts[index], references=references, voice=voice, params=params,
+                                                 stop=stop)
+            except (InputError, Cancelled) as exc:
                 results[index] = exc
             with lock:
                 done += 1

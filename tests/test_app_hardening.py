@@ -5,6 +5,7 @@ requests, clients that leave, a kill -9 while adding a voice, and the key in the
 from __future__ import annotations
 
 import io
+import json
 import re
 import socket
 import subprocess
@@ -209,17 +210,18 @@ def test_a_flood_of_non_streaming_requests_is_shed_and_other_routes_stay_quick(h
     assert slowest[2] < 1.0, f"{slowest[0]} took {slowest[2]:.2f} s while the engine was full"
 
 
-def test_a_client_that_leaves_a_non_streaming_request_stops_its_work(http, server):
+@pytest.mark.parametrize("path, field", [("/v1/tts", "text"), ("/v1/tts/batch", "texts")])
+def test_a_client_that_leaves_a_non_streaming_request_stops_its_work(http, server, path, field):
     def engine_idle():
         return metric(http, "s1mini_requests_running") == 0 and metric(http, "s1mini_requests_waiting") == 0
 
     wait_until(engine_idle, 60)
     before = metric(http, "s1mini_audio_seconds_total")
-    body = ('{"text": "' + "This request asks for far more audio than anyone will wait for. " * 4 +
-            '", "max_new_tokens": 3000, "chunk_length": 300}').encode()
+    text = "This request asks for far more audio than anyone will wait for. " * 4
+    body = json.dumps({field: text if field == "text" else [text], "max_new_tokens": 3000, "chunk_length": 300}).encode()
     port = int(server.url.rsplit(":", 1)[1])
     client = socket.create_connection(("127.0.0.1", port))
-    client.sendall(b"POST /v1/tts HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
+    client.sendall(f"POST {path} HTTP/1.1\r\n".encode() + b"Host: test\r\nContent-Type: application/json\r\n"
                    + f"Authorization: Bearer {KEY}\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
     wait_until(lambda: metric(http, "s1mini_audio_seconds_total") > before, 60)  # the audio is flowing
     client.close()

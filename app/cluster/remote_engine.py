@@ -9,13 +9,14 @@ whose queues are full a 429, both with Retry-After.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError, RayTaskError
 from ray.serve.exceptions import BackPressureError
 
-from engine.errors import InputError, QueueFullError
+from engine.errors import Cancelled, InputError, QueueFullError
 from engine.facade import ReferenceInput, SynthesisResult
 from engine.params import SamplingParams
 
@@ -74,11 +75,17 @@ class RemoteEngine:
 
     def synthesize_batch(self, texts: Sequence[str], *, references: Sequence[ReferenceInput] = (),
                          voice: str | None = None, params: SamplingParams | None = None,
-                         progress: Callable[[int, int], None] | None = None) -> list[SynthesisResult | Exception]:
-        """Every item is its own request (the router spreads them); an item's input error is its own result."""
+                         progress: Callable[[int, int], None] | None = None,
+                         stop: threading.Event | None = None) -> list[SynthesisResult | Exception]:
+        """Every item is its own request (the router spreads them); an item's input error is its own result.
+        `stop`, set when the caller left, cancels the items not finished yet."""
         responses = [self._call(self._handle.synthesize, text, references, voice, params) for text in texts]
         results: list[SynthesisResult | Exception] = []
         for response in responses:
+            if stop is not None and stop.is_set():
+                response.cancel()
+                results.append(Cancelled("the caller stopped waiting for this batch"))
+                continue
             try:
                 with translated_errors():
                     results.append(response.result())
