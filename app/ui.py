@@ -23,6 +23,7 @@ from engine import params as P
 from .metrics import Metrics
 from .service import SpeechService
 from .settings import AppSettings
+from .ui_errors import api_endpoint, error_box, ui_action
 from .ui_handlers import (
     BATCH_HEADERS,
     DEFAULTS,
@@ -30,10 +31,7 @@ from .ui_handlers import (
     NO_VOICE,
     SAMPLING_NAMES,
     Handlers,
-    api_endpoint,
-    error_box,
     speaking_in,
-    ui_action,
 )
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"

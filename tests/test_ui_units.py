@@ -13,7 +13,8 @@ import soundfile as sf
 from app.clip_check import check_clip, level_warnings
 from app.metrics import Metrics
 from app.outputs import OutputDir
-from app.ui_handlers import HISTORY_LIMIT, Handlers, api_endpoint, concrete_seed, ui_action
+from app.ui_errors import api_endpoint, ui_action
+from app.ui_handlers import HISTORY_LIMIT, Handlers, concrete_seed
 from engine.errors import InputError
 
 RATE = 22050
