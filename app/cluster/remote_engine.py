@@ -112,7 +112,9 @@ class translated_errors:
         if exc is None:
             return False
         if isinstance(exc, RayTaskError) and isinstance(exc.cause, Exception):
-            raise exc.cause from None
+            exc = exc.cause  # the deployment's own exception; Serve's back-pressure can come wrapped too
+            if not isinstance(exc, BackPressureError):
+                raise exc from None
         if isinstance(exc, BackPressureError):
             raise QueueFullError("every engine replica is busy and the cluster's queue is full; retry shortly",
                                  CLUSTER_FULL_RETRY_S) from None
