@@ -13,8 +13,8 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
-from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError, RayTaskError
-from ray.serve.exceptions import BackPressureError
+from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError, RayError, RayTaskError
+from ray.serve.exceptions import BackPressureError, RayServeException
 
 from engine.errors import Cancelled, InputError, QueueFullError
 from engine.facade import ReferenceInput, SynthesisResult
@@ -27,7 +27,7 @@ from .status import ClusterView
 REPLICA_LOST = ("the engine replica serving this request stopped; Ray Serve is replacing it. "
                 "Send the request again")
 REPLICA_LOST_RETRY_S = 5
-CLUSTER_FULL_RETRY_S = 2
+CLUSTER_FULL_RETRY_S = 2  # Serve's back-pressure answer carries it (backpressure_config); this when it does not
 
 
 class RemoteEngine:
@@ -71,7 +71,7 @@ class RemoteEngine:
             with translated_errors():
                 yield from chunks
         finally:
-            chunks.cancel()  # the caller stopped early: the replica drops the request and frees its slot
+            cancel(chunks)  # the caller stopped early: the replica drops the request and frees its slot
 
     def synthesize_batch(self, texts: Sequence[str], *, references: Sequence[ReferenceInput] = (),
                          voice: str | None = None, params: SamplingParams | None = None,
@@ -83,7 +83,7 @@ class RemoteEngine:
         results: list[SynthesisResult | Exception] = []
         for response in responses:
             if stop is not None and stop.is_set():
-                response.cancel()
+                cancel(response)
                 results.append(Cancelled("the caller stopped waiting for this batch"))
                 continue
             try:
@@ -102,6 +102,16 @@ class RemoteEngine:
             return method.remote(text, voice, references, params, **{VOICE_KEY_ARG: key})
 
 
+def cancel(response) -> None:
+    """Cancel a handle call, best effort. Serve's cancel() first waits for the call's replica and raises
+    again the error that kept it from getting one (back-pressure, no replica): that error has been
+    answered already and nothing runs on a replica, so there is nothing to cancel."""
+    try:
+        response.cancel()
+    except (RayServeException, RayError):
+        pass
+
+
 class translated_errors:
     """Ray's wrappers off: the engine's own exception, or an HTTP answer for a lost replica / full cluster."""
 
@@ -117,7 +127,7 @@ class translated_errors:
                 raise exc from None
         if isinstance(exc, BackPressureError):
             raise QueueFullError("every engine replica is busy and the cluster's queue is full; retry shortly",
-                                 CLUSTER_FULL_RETRY_S) from None
+                                 exc.retry_after_s or CLUSTER_FULL_RETRY_S) from None
         if isinstance(exc, (RayActorError, ActorDiedError, ActorUnavailableError)):
             raise HTTPProblem(503, REPLICA_LOST, retry_after(REPLICA_LOST_RETRY_S)) from None
         return False
