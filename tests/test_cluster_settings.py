@@ -52,8 +52,29 @@ def test_autoscaling_settings_reach_the_engine_deployment():
     assert fixed["ray_actor_options"]["num_gpus"] == 1
 
 
+def test_serve_queues_a_cluster_worth_of_requests_and_refuses_the_rest_with_429():
+    fixed = ClusterSettings(replicas=2, max_ongoing_requests=4).engine_options()
+    assert fixed["max_queued_requests"] == 2 * 4  # a burst the replicas can take is never refused
+    scaling = ClusterSettings(min_replicas=1, max_replicas=3, max_ongoing_requests=4).engine_options()
+    assert scaling["max_queued_requests"] == 3 * 4
+    assert ClusterSettings(max_queued_requests=5).engine_options()["max_queued_requests"] == 5
+    refusal = fixed["backpressure_config"]
+    assert refusal.status_code == 429 and refusal.retry_after_s >= 1
+
+
+def test_replicas_take_what_their_engine_takes():
+    cpu = EngineConfig(device="cpu", max_batch_size=3, max_queue=5)
+    assert cluster_settings("2", cpu, gpus_in_cluster=0).max_ongoing_requests == 3 + 5
+    assert cluster_settings("auto", EngineConfig(max_queue=16), gpus_in_cluster=2).max_ongoing_requests == 64 + 16
+    built = build({"replicas": 2, "gpus_per_replica": 0, "max_batch_size": 3, "max_queue": 5})
+    engine = built._bound_deployment.init_args[0]._bound_deployment  # noqa: SLF001 (what Serve will deploy)
+    assert engine.max_ongoing_requests == 3 + 5 and engine.max_queued_requests == 2 * (3 + 5)
+    # The engine's queue also holds what Serve sends while cancelled requests are leaving the engine.
+    assert engine.init_args[0].max_queue == 5 + (3 + 5)
+
+
 @pytest.mark.parametrize("bad", [{"min_replicas": 2}, {"min_replicas": 3, "max_replicas": 2}, {"replicas": 0},
-                                 {"max_ongoing_requests": 0}])
+                                 {"max_ongoing_requests": 0}, {"max_queued_requests": 0}])
 def test_bad_cluster_settings_say_what_is_wrong(bad):
     with pytest.raises(InputError):
         ClusterSettings(**bad)

@@ -31,9 +31,7 @@ def parse_replicas(text: str) -> tuple[int | None, int | None]:
 
 
 def cluster_settings(replicas: str, config, gpus_in_cluster: float):
-    from engine.device import AUTO_SLOTS, AUTO_SLOTS_ELSEWHERE
-
-    from .application import ClusterSettings
+    from .application import ClusterSettings, replica_places
 
     low, high = parse_replicas(replicas)
     on_gpu = config.device != "cpu"
@@ -42,12 +40,7 @@ def cluster_settings(replicas: str, config, gpus_in_cluster: float):
             raise ValueError("--replicas auto starts one replica per GPU, and this cluster has none; "
                              "give a count, e.g. --replicas 2 --device cpu")
         low = high = int(gpus_in_cluster)
-    gpus = 1 if on_gpu else 0
-    # Serve sends a replica at most what its engine takes (its slots and its queue), so that a busy
-    # replica's overflow goes to another replica, or waits in Serve's queue (max_queued_requests),
-    # instead of getting the engine's 429 while other replicas have room.
-    slots = config.max_batch_size or AUTO_SLOTS.get("cuda" if on_gpu else "cpu", AUTO_SLOTS_ELSEWHERE)
-    taken = {"gpus_per_replica": gpus, "max_ongoing_requests": slots + config.max_queue}
+    taken = {"gpus_per_replica": 1 if on_gpu else 0, "max_ongoing_requests": replica_places(config, on_gpu)}
     if low == high:
         return ClusterSettings(replicas=low, **taken)
     return ClusterSettings(min_replicas=low, max_replicas=high, **taken)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
+import threading
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 
@@ -59,9 +60,13 @@ class EngineReplica:
 
     async def synthesize(self, text: str, voice: str | None, references: list[ReferenceInput],
                          params: SamplingParams | None, voice_key: str | None = None) -> SynthesisResult:
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(
-            self._calls, lambda: self.engine.synthesize(text, references=references, voice=voice, params=params))
+        stop = threading.Event()  # set as the call ends: a cancelled call's request leaves the engine at its next step
+        try:
+            return await asyncio.get_running_loop().run_in_executor(
+                self._calls,
+                lambda: self.engine.synthesize(text, references=references, voice=voice, params=params, stop=stop))
+        finally:
+            stop.set()
 
     async def stream(self, text: str, voice: str | None, references: list[ReferenceInput],
                      params: SamplingParams | None, voice_key: str | None = None) -> AsyncIterator:
