@@ -9,6 +9,7 @@ from __future__ import annotations
 import io
 import os
 import signal
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -19,8 +20,7 @@ import soundfile as sf
 
 pytest.importorskip("ray.serve")
 
-from app.cluster.application import ClusterSettings  # noqa: E402
-from tests.test_app_support import ONE_FRAME_S, DemoServer, assert_audible, decode  # noqa: E402
+from tests.test_app_support import ONE_FRAME_S, DemoServer, assert_audible, decode, error_message  # noqa: E402
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -174,8 +174,8 @@ def test_a_saved_voice_is_usable_from_every_replica_and_renames_reach_them(clust
     _, client = cluster
     add_voice(client, "shared voice")
     counts = metric(client, "s1mini_voice_routing_total")
-    # Past one replica's slots, so some spill, and within the cluster's capacity (each replica takes
-    # its slots plus its queue; beyond that it answers 429: test_a_full_cluster_answers_429_with_retry_after).
+    # Past one replica's slots, so some spill, and within the cluster's places (each replica takes its
+    # slots plus its queue; beyond that Serve queues, then refuses: test_a_full_cluster_answers_429_with_retry_after).
     burst = 3 * SLOTS
     with ThreadPoolExecutor(burst) as pool:
         answers = list(pool.map(lambda i: speak(client, reference_id="shared voice", seed=i, max_new_tokens=64),
@@ -200,19 +200,68 @@ def test_a_saved_voice_is_usable_from_every_replica_and_renames_reach_them(clust
     assert speak(client, reference_id="renamed voice").status_code == 404
 
 
-@pytest.mark.xfail(strict=False, reason="known defect: with replicas capped at their engine's capacity, streams past "
-                   "Serve's queue get Serve's own 503 (plain text, no Retry-After) instead of 429")
+def engines_full(client) -> bool:
+    """Every replica's engine reports its slots running and its queue full."""
+    replicas = ready(client)["replicas"]
+    return len(replicas) == 2 and all(r["running"] == SLOTS and r["waiting"] == QUEUE for r in replicas)
+
+
+def assert_cluster_full(answer: httpx.Response):
+    assert answer.status_code == 429, (answer.status_code, answer.text)
+    assert int(answer.headers["retry-after"]) >= 1
+    assert answer.headers["content-type"] == "application/json"
+    assert "busy" in error_message(answer)
+
+
 def test_a_full_cluster_answers_429_with_retry_after(cluster):
-    _, client = cluster
-    # Past the cluster's places: 2 replicas x (2 slots + 2 queued) in the engines, then Serve's queue.
-    total = 2 * (SLOTS + QUEUE) + ClusterSettings().max_queued_requests + 8
-    with ThreadPoolExecutor(total) as pool:
-        answers = list(pool.map(lambda i: speak(client, seed=i, max_new_tokens=8, streaming=True), range(total)))
-    statuses = sorted(a.status_code for a in answers)
-    assert set(statuses) == {200, 429}, statuses
-    assert statuses.count(200) >= 2 * SLOTS
-    busy = next(a for a in answers if a.status_code == 429)
-    assert int(busy.headers["retry-after"]) >= 1
+    """Long streams take every place on the replicas (slots and engine queues). Serve's queue then holds
+    a cluster's worth of requests more (the replicas' places again); past it every request, streaming
+    or not, gets the API's 429 with Retry-After at once. Once the long streams stop, the requests that
+    waited in Serve's queue are served."""
+    server, client = cluster
+    places = 2 * (SLOTS + QUEUE)
+    release = threading.Event()
+    held: list[int] = []
+    ended_early: list[int] = []
+
+    def hold(i):
+        body = {"text": LONG_TEXT, "format": "wav", "streaming": True, "max_new_tokens": 4000, "seed": i}
+        with client.stream("POST", "/v1/tts", json=body) as stream:
+            held.append(stream.status_code)
+            for _ in stream.iter_bytes():
+                if release.is_set():
+                    return  # leaving the stream cancels its request
+            ended_early.append(i)
+
+    with ThreadPoolExecutor(places) as holding, ThreadPoolExecutor(places + 2) as pool:
+        holds = [holding.submit(hold, i) for i in range(places)]
+        try:
+            wait_until(lambda: engines_full(client), "every replica's slots and queue taken", server)
+            # Serve's queue takes `places` of these; the two it has no room for are refused at once.
+            burst = [pool.submit(speak, client, seed=i, streaming=True) for i in range(places + 2)]
+            wait_until(lambda: sum(f.done() for f in burst) >= 2, "two requests past Serve's queue answered", server)
+            refused = [f.result() for f in burst if f.done()]
+            # With Serve's queue full, whole requests are refused too, on both APIs.
+            whole = speak(client, streaming=False)
+            openai = client.post("/v1/audio/speech", json={"input": "Hello there, cluster.", "max_new_tokens": 24})
+            assert not ended_early, "a long stream ended before the cluster was full: make LONG_TEXT longer"
+        finally:
+            release.set()
+        answers = [f.result() for f in burst]
+        for future in holds:
+            future.result()
+    assert held == [200] * places
+
+    for answer in [*refused, whole]:
+        assert_cluster_full(answer)
+    assert openai.status_code == 429 and int(openai.headers["retry-after"]) >= 1, openai.text
+    assert "busy" in error_message(openai)
+    statuses = [a.status_code for a in answers]
+    assert sorted(statuses) == [200] * places + [429] * 2, statuses
+    for answer in answers:
+        if answer.status_code == 200:  # waited in Serve's queue, served once the long streams stopped
+            samples, rate = decode(answer.content)
+            assert_audible(samples, ONE_FRAME_S, rate)
 
 
 def test_streams_through_serve_and_a_killed_replica_is_replaced(cluster):
