@@ -129,7 +129,7 @@ class ReferenceEncoder:
         # Shared clips are read-only: copied then.
         rows = [torch.from_numpy(np.require(samples, np.float32, ["C", "W"])) for samples in clips]
         if self._stream is None or max(frames) > self.max_frames:
-            codes = self._encode(rows, max(frames)).cpu()
+            codes = self._encode([row.to(self.device) for row in rows], max(frames)).cpu()
             return [EncodeHandle(codes[i, :, :n]) for i, n in enumerate(frames)]
         self._stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(self._stream):
