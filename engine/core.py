@@ -37,8 +37,6 @@ REFERENCE_CHUNK_FRAMES = 32
 # Clips up to this long encode through the chunk graph, whose RoPE tables are sized for them up front
 # (~95 s; a raised max_reference_seconds makes longer clips encode eagerly instead of growing the tables).
 GRAPHED_REFERENCE_FRAMES = 2048
-# New clips encoded in one pass at most: past ~8, a batch's time grows with its clips (the GPU is full).
-MAX_ENCODE_BATCH = 8
 
 
 class EngineCore:
@@ -64,7 +62,7 @@ class EngineCore:
         reference_frames = math.ceil(config.max_reference_seconds * models.codec.config.frame_rate)
         self.reference_encoder = ReferenceEncoder(models.codec, REFERENCE_CHUNK_FRAMES,
                                                   min(reference_frames, GRAPHED_REFERENCE_FRAMES),
-                                                  max_batch=min(MAX_ENCODE_BATCH, slots))
+                                                  max_batch=min(config.max_encode_batch, slots))
         self.graphs = GraphCapture(self.runner, self.codec_runner, self.reference_encoder)
         self.clip_encodes = ClipEncodeQueue(self.reference_encoder, reference_cache)
         self.voice_prompts = VoicePromptCache(models.tokenizer, c.num_codebooks)
