@@ -151,7 +151,7 @@ class EngineTarget:
         from app.api_schema import TTSRequest
         from app.body import validate
         from app.errors import problem_for
-        from app.service import Voice
+        from app.speech import Voice
 
         try:
             request = validate(TTSRequest, json.loads(body))  # as the server reads a JSON body
