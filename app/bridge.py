@@ -29,13 +29,13 @@ class StreamThreads:
     """Daemon threads that run streams' generators, kept between requests.
 
     Thread.start() waits until the new thread runs, a hand-over of the GIL: with the GPU worker and
-    other streams busy that took ~3.5 ms on the event loop per request, one after another, and a
-    burst of 64 requests reached the engine over ~250-340 ms (docs/PERFORMANCE.md). Here a request's
-    work goes to an idle thread through a queue; a thread is started only when none is idle, and
-    `keep(n)` starts n ahead (the server: as many as the engine takes requests at once). Threads are
-    not retired: their number stays at the most works ever run at once (requests the engine refuses
-    as over capacity included, since it refuses them on their thread). Daemon threads, like the
-    one-per-request threads before: a stream blocked in the engine never holds up the process's exit.
+    other streams busy that costs milliseconds on the event loop per request, one after another, and
+    a burst of requests would reach the engine spread over a few hundred ms. Instead, a request's work
+    goes to an idle thread through a queue; a thread is started only when none is idle, and
+    `keep(n)` starts n ahead (the server: as many as the engine takes requests at once).
+    Threads are not retired: their number stays at the most works ever run at once (requests the
+    engine refuses as over capacity included, since it refuses them on their thread). They are
+    daemon threads, so a stream blocked in the engine never holds up the process's exit.
     """
 
     def __init__(self, name: str = "engine-stream"):

@@ -344,9 +344,9 @@ def main(argv=None) -> int:
 def freeze_heap_once_captured(engine, poll_s: float = 1.0) -> threading.Thread:
     """Once the engine has captured every batch graph and has no request in flight, move the heap
     (modules, compiled code, graphs: millions of objects that live as long as the server) out of the
-    garbage collector's reach. Its full passes scanned them all while holding the GIL: 0.2-0.4 s
-    pauses of every thread, the GPU worker's included, during 64-stream bursts on an H100
-    (docs/PERFORMANCE.md). vLLM's engine does the same. Waiting for no request in flight keeps the
+    garbage collector's reach. Its full passes scan them all while holding the GIL: pauses of a few
+    hundred ms for every thread, the GPU worker's included, in the middle of a burst of streams.
+    vLLM's engine does the same. Waiting for no request in flight keeps the
     last full pass (the collect before the freeze) out of a burst, and requests' objects out of the
     frozen heap. Objects made later are collected as usual."""
     import gc
@@ -422,8 +422,8 @@ def serve(config, plan: ServerPlan) -> int:
         # No access log: the UI polls the queue several times a second; /metrics counts API requests.
         # On SIGTERM requests in flight get plan.drain_s to finish (DRAIN_S). Idle connections stay open
         # longer than clients and proxies keep them (httpx 5 s, uvicorn's default 5 s too): a client
-        # that reused one just as the server closed it got "Server disconnected" on 2 of 1,024
-        # requests in a load test's pause between levels (docs/PERFORMANCE.md, 2026-11-27).
+        # that reuses one just as the server closes it gets "Server disconnected" (a load test sees a
+        # few in its pauses between levels).
         uvicorn.run(app, host=plan.host, port=plan.port, log_config=None, access_log=False,
                     timeout_graceful_shutdown=plan.drain_s, timeout_keep_alive=KEEP_ALIVE_S)
     finally:

@@ -18,7 +18,7 @@ from prometheus_client import (
 
 PREFIX = "s1mini"
 _BYTES_PER_GB = 1e9  # engine.stats() reports decimal GB
-# TTFA from a few ms (H100) to tens of seconds (CPU, long queue).
+# TTFA from a few ms (a data-center GPU) to tens of seconds (CPU, long queue).
 _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.08, 0.1, 0.2, 0.5, 1, 2, 5, 10, 30, 60)
 _RTF_BUCKETS = (0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1, 1.5, 2, 5, 10)
 

@@ -29,7 +29,7 @@ from .auth import ApiKeyGuard
 from .body import describe
 from .bridge import iterate_in_thread
 from .errors import HTTPProblem, problem_for
-from .service import StreamStats, SpeechService, Voice
+from .speech import SpeechService, StreamStats, Voice
 
 log = logging.getLogger("app")
 

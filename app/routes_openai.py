@@ -23,12 +23,11 @@ from engine.audio_stream import OutputSpec
 from engine.errors import VoiceNotFoundError
 
 from .api_schema import SpeechRequest, VoiceId
-from .audio_out import audio_bytes, streamed_audio
 from .body import JSON, MSGPACK, read_body
 from .errors import HTTPProblem, error_responses
 from .openapi import request_body
-from .service import StreamStats, SpeechService, Voice
 from .settings import AppSettings
+from .speech import SpeechService, StreamStats, Voice, audio_bytes, streamed_audio
 
 MODEL_ID = "s1-mini"
 # OpenAI's model names, served by the same model so that clients written for OpenAI work unchanged.

@@ -16,11 +16,10 @@ from starlette.responses import Response
 from engine.audio import MIME_TYPES
 
 from .api_schema import TTSRequest
-from .audio_out import streamed_audio, whole_audio
 from .body import JSON, MSGPACK, read_body
 from .errors import HTTPProblem, error_responses, retry_after
 from .openapi import request_body
-from .service import SpeechService, Voice
+from .speech import SpeechService, Voice, streamed_audio, whole_audio
 
 # Accept values to formats: the MIME types the API answers with, plus the usual aliases.
 ACCEPTED = {

@@ -15,13 +15,12 @@ from engine.audio import MIME_TYPES, encode_audio
 from engine.facade import SynthesisResult
 
 from .api_schema import AUDIO_FORMATS, BatchTTSRequest, TTSRequest
-from .audio_out import CLIENT_CLOSED_REQUEST, streamed_audio, whole_audio
 from .body import BODY_TYPES, JSON, MSGPACK, read_body
 from .bridge import call_in_thread, until_disconnected
 from .errors import HTTPProblem, error_responses, problem_for
 from .openapi import request_body
-from .service import SpeechService, Voice
 from .settings import AppSettings
+from .speech import CLIENT_CLOSED_REQUEST, SpeechService, Voice, streamed_audio, whole_audio
 
 log = logging.getLogger("app")
 

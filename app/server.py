@@ -32,8 +32,8 @@ from .bridge import STREAM_THREADS
 from .errors import HTTPProblem, Problem, error_body, openai_style, problem_for
 from .metrics import Metrics
 from .middleware import BodySizeLimit, RequestMetrics, UnmatchedApiRoutes
-from .service import SpeechService
 from .settings import AppSettings
+from .speech import SpeechService
 
 
 def create_app(engine, settings: AppSettings | None = None, replicas=None) -> FastAPI:

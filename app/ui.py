@@ -21,8 +21,8 @@ import gradio as gr
 from engine import params as P
 
 from .metrics import Metrics
-from .service import SpeechService
 from .settings import AppSettings
+from .speech import SpeechService
 from .ui_errors import api_endpoint, error_box, ui_action
 from .ui_handlers import (
     BATCH_HEADERS,

@@ -25,8 +25,8 @@ from .batch_input import batch_texts
 from .clip_check import MIN_VOICE_SECONDS, check_clip
 from .errors import problem_for
 from .outputs import OutputDir, write_file, zip_files
-from .service import SpeechService, StreamStats, Voice
 from .settings import AppSettings
+from .speech import SpeechService, StreamStats, Voice
 
 log = logging.getLogger("app.ui")
 

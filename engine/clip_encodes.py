@@ -1,11 +1,11 @@
 """Reference clips waiting for their codes: one encode per clip however many requests ask for it,
-at most ENCODES_IN_FLIGHT on the GPU at once, and the requests waiting for them.
+the clips waiting when the encoder frees up encoded together in batches, and the requests waiting
+for them.
 
-A reference encode is tens of milliseconds of GPU work and a few hundred graph launches; a burst of
-new voices queued at once fills the GPU's command buffer, after which every launch, the decode
-steps' too, waits for the encodes to drain. One at a time leaves the encoder idle between clips
-(the next starts when the worker sees the last one finish), and takes the least of the GPU from
-the running streams.
+One batch runs on the GPU at a time. A reference encode is a few hundred graph launches per chunk;
+batches queued at once would fill the GPU's command buffer, after which every launch, the decode
+steps' too, waits for the encodes to drain. The clips that arrive while a batch runs wait for the
+next one, so a burst of new voices costs a few batched passes instead of one pass per clip.
 """
 
 from __future__ import annotations
@@ -24,12 +24,11 @@ from .runtime.reference_encoder import EncodeHandle, ReferenceEncoder
 if TYPE_CHECKING:
     from .request_run import RequestRun
 
-ENCODES_IN_FLIGHT = 1
 ENCODE_POLL_S = 0.001  # how often an otherwise idle worker checks whether an encode has finished
 
 
 class ClipEncode:
-    """One reference clip's encode: waiting for its turn until `start`, then running on the GPU."""
+    """One reference clip's encode: waiting for its batch until started, then running on the GPU."""
 
     def __init__(self, samples: np.ndarray):
         self.samples: np.ndarray | None = samples
@@ -39,13 +38,6 @@ class ClipEncode:
     @property
     def started(self) -> bool:
         return self.handle is not None or self.error is not None
-
-    def start(self, encoder: ReferenceEncoder) -> None:
-        try:
-            self.handle = encoder.start(self.samples)
-        except Exception as exc:  # the requests waiting for this clip fail with it (RequestRun.try_start)
-            self.error = exc
-        self.samples = None
 
     def ready(self) -> bool:
         return self.error is not None or (self.handle is not None and self.handle.ready())
@@ -57,11 +49,32 @@ class ClipEncode:
         return self.handle.result()
 
 
+def length_bucket(frames: int, chunk_frames: int) -> int:
+    """Clips of one bucket batch together: their chunk counts lie within a factor of two, so padding
+    to the longest at most doubles a batch's work."""
+    return (-(-frames // chunk_frames) - 1).bit_length()
+
+
+def start_batch(encoder: ReferenceEncoder, batch: list[ClipEncode]) -> None:
+    """Start encoding the clips of `batch` together; a failure to start fails each of them (their
+    requests fail with it, see RequestRun.try_start)."""
+    try:
+        handles = encoder.start([encode.samples for encode in batch])
+    except Exception as exc:
+        handles = [None] * len(batch)
+        for encode in batch:
+            encode.error = exc
+    for encode, handle in zip(batch, handles):
+        encode.handle, encode.samples = handle, None
+
+
 class ClipEncodeQueue:
     def __init__(self, encoder: ReferenceEncoder, cache: ReferenceCodeCache):
         self.encoder, self.cache = encoder, cache
         self._encoding: dict[str, ClipEncode] = {}  # clips being encoded or waiting to, by cache key
         self._awaiting: list[RequestRun] = []  # requests waiting for their clips' codes
+        self.batches = 0  # batches started, and the clips in them (stats)
+        self.clips = 0
 
     @property
     def busy(self) -> bool:
@@ -81,7 +94,7 @@ class ClipEncodeQueue:
             self._encoding[key] = ClipEncode(clip.samples)
             self._start_next()
             encode = self._encoding[key]
-            if encode.ready() and encode.error is None:  # encoded at once (CPU, or a clip too long for the graph)
+            if encode.ready() and encode.error is None:  # encoded at once (CPU, or a clip too long for the graphs)
                 del self._encoding[key]
                 return self.cache.put(key, encode.result()).clone()
         return self._encoding[key]
@@ -92,9 +105,9 @@ class ClipEncodeQueue:
 
     def poll(self, idle: bool) -> list[RequestRun]:
         """Cache the codes of finished encodes and start the requests whose clips all are; returns
-        the requests that stopped waiting (started, or finished meanwhile). idle=True (nothing else to step or decode): sleep a
-        millisecond first when no encode has finished, rather than spin, or block the worker's
-        queue on an encode."""
+        the requests that stopped waiting (started, or finished meanwhile). idle=True (nothing else
+        to step or decode): sleep a millisecond first when no encode has finished, rather than spin,
+        or block the worker's queue on an encode."""
         if idle and self._encoding and not any(encode.ready() for encode in self._encoding.values()):
             time.sleep(ENCODE_POLL_S)
         for key, encode in list(self._encoding.items()):
@@ -112,7 +125,7 @@ class ClipEncodeQueue:
             except Exception as exc:  # a failed encode, or its prompt is too long: that request alone fails
                 run.fail(exc)
         self._awaiting = waiting
-        # A clip still waiting for its turn whose requests have all gone (cancelled) is not encoded.
+        # A clip still waiting for its batch whose requests have all gone (cancelled) is not encoded.
         wanted = {id(encode) for run in waiting for encode in run.encodes}
         for key, encode in list(self._encoding.items()):
             if not encode.started and id(encode) not in wanted:
@@ -121,8 +134,26 @@ class ClipEncodeQueue:
         return started
 
     def _start_next(self) -> None:
-        """Start the oldest waiting encodes while fewer than ENCODES_IN_FLIGHT run."""
-        running = sum(encode.started and not encode.ready() for encode in self._encoding.values())
+        """Once no batch runs: start the oldest waiting clip with others of its length bucket, as
+        many as fill the largest batch bucket they can (a spare row would cost a clip's work for
+        nothing; the rest go next); a clip longer than the batched encoders take encodes alone."""
+        if any(encode.started and not encode.ready() for encode in self._encoding.values()):
+            return
         waiting = [encode for encode in self._encoding.values() if not encode.started]
-        for encode in waiting[:max(ENCODES_IN_FLIGHT - running, 0)]:
-            encode.start(self.encoder)
+        if not waiting:
+            return
+        encoder = self.encoder
+        frames = {id(encode): encoder.frames_of(len(encode.samples)) for encode in waiting}
+        first = waiting[0]
+        if frames[id(first)] > encoder.max_frames:
+            batch = [first]
+        else:
+            bucket = length_bucket(frames[id(first)], encoder.chunk_frames)
+            batch = [encode for encode in waiting if 0 < frames[id(encode)] <= encoder.max_frames
+                     and length_bucket(frames[id(encode)], encoder.chunk_frames) == bucket][:encoder.max_batch]
+            if first not in batch:  # an empty clip: alone, so that its error is its own
+                batch = [first]
+            batch = batch[:max(size for size in encoder.batches if size <= len(batch))]
+        self.batches += 1
+        self.clips += len(batch)
+        start_batch(encoder, batch)

@@ -71,6 +71,9 @@ class EngineConfig:
     # ahead before more requests are admitted; 0 turns either off.
     admit_gather_steps: int = ADMIT_GATHER_STEPS
     admit_min_lead_s: float = ADMIT_MIN_LEAD_S
+    # New reference clips encoded in one pass at most (capped by max_batch_size); 1 encodes them one
+    # at a time. Each batch bucket up to it keeps a CUDA graph and its activations.
+    max_encode_batch: int = 8
     # Fused Triton kernels for the decode step's projections where they apply; False: compiled
     # matmuls (for comparisons).
     fused_projections: bool = True
@@ -93,6 +96,8 @@ class EngineConfig:
             raise InputError(f"max_context must be >= 0 (0 = the model's maximum), got {self.max_context}")
         if self.max_reference_seconds <= 0:
             raise InputError("max_reference_seconds must be positive")
+        if self.max_encode_batch < 1:
+            raise InputError(f"max_encode_batch must be at least 1, got {self.max_encode_batch}")
         self.scheduler_config()  # validates the scheduler's settings
         if self.switch_interval_ms < 0:
             raise InputError(f"switch_interval_ms must be >= 0 (0 = leave it as it is), got {self.switch_interval_ms}")

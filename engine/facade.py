@@ -370,6 +370,7 @@ class TTSEngine:
             "frames_per_s": self._last_frames_per_s,
             "ready": self.is_ready,
             "reference_cache": self.reference_cache.stats(),
+            "reference_encodes": {"batches": self._core.clip_encodes.batches, "clips": self._core.clip_encodes.clips},
             **counters,
         }
 

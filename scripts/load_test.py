@@ -151,7 +151,7 @@ class EngineTarget:
         from app.api_schema import TTSRequest
         from app.body import validate
         from app.errors import problem_for
-        from app.service import Voice
+        from app.speech import Voice
 
         try:
             request = validate(TTSRequest, json.loads(body))  # as the server reads a JSON body
@@ -396,8 +396,9 @@ def run_levels(target, args, levels: list[int]) -> list[dict]:
               f"p95 {s.get('ttfa_ms_p95', 0):6.0f} ms  RTF p50 {s.get('rtf_p50', 0):.3f} max "
               f"{s.get('rtf_max', 0):.3f} ({s.get('rtf_max_audio_s', 0):.2f} s of audio)  underruns {s.get('streams_with_underrun', 0)}  errors {s['errors']} "
               f"(rejected {s['rejected']})")
-        print("      TTFA p50 by voice: " + ", ".join(f"{kind} {summary['ttfa_ms_p50']:.0f} ms"
-                                                    for kind, summary in s["by_voice"].items() if summary))
+        print("      TTFA p50 / p95 by voice: " + ", ".join(
+            f"{kind} {summary['ttfa_ms_p50']:.0f} / {summary['ttfa_ms_p95']:.0f} ms"
+            for kind, summary in s["by_voice"].items() if summary))
     return results
 
 

@@ -20,6 +20,7 @@ from engine.model.codec_config import CodecConfig
 from engine.model.codec_stream import StreamingDecoder, StreamingEncoder, decode_chunked, encode_chunked
 from engine.model.codec_streamers import compiled_layer_forward
 from engine.runtime.cuda_graphs import capture
+from codec_codes import NEAR_TIE, assert_same_codes_but_near_ties, vq_margins
 
 T = 120  # frames: longer than every window and receptive field of the test codecs
 FP32_ATOL = 1e-4  # stream vs whole, fp32 (measured <= 8e-5 on the fixture codec, <= 3.2e-5 random)
@@ -461,28 +462,6 @@ def test_rows_stream_independently_and_decode_together(wide_codec):
             dec.decode(a[..., :2], rows=[4])
 
 
-def vq_margins(codec, audio: torch.Tensor) -> torch.Tensor:
-    """(num_codebooks, T): how far each code of codec.encode(audio) (B = 1) won its VQ stage by, the
-    gap between the best and the second-best score (as VectorQuantize.quantize scores entries)."""
-    q = codec.quantizer
-    audio = torch.nn.functional.pad(audio, (0, -audio.shape[-1] % codec.config.frame_length))
-    residual = q.pre_module(q.downsample(codec.encoder(audio)))
-    margins = []
-    for vq in [*q.semantic_quantizer.quantizers, *q.quantizer.quantizers]:
-        z_e = vq.in_proj(residual)
-        e = torch.nn.functional.normalize(z_e.transpose(1, 2).reshape(-1, z_e.shape[1]).float())
-        c = torch.nn.functional.normalize(vq.codebook.weight.float())
-        score = -(e.pow(2).sum(1, keepdim=True) - 2 * e @ c.t() + c.pow(2).sum(1, keepdim=True).t())
-        top2 = score.topk(2, dim=1).values
-        margins.append(top2[:, 0] - top2[:, 1])
-        # The semantic stage's output comes off the latent, each residual stage's off what is left.
-        residual = residual - vq.quantize(residual)[0]
-    return torch.stack(margins)
-
-
-NEAR_TIE = 1e-4  # a VQ decision this close can go either way with the order of fp32 sums
-
-
 def test_reference_encoder_gives_the_codes_of_a_whole_encode_for_any_clip_length(fixture_codec):
     """ReferenceEncoder pads every chunk, the last one included, to the same size (what its CUDA
     graph needs) and cuts the padding's frames; clips over its reserved length go to a fresh
@@ -500,15 +479,35 @@ def test_reference_encoder_gives_the_codes_of_a_whole_encode_for_any_clip_length
         with torch.inference_mode():
             whole = fixture_codec.encode(torch.from_numpy(clip).view(1, 1, -1))[0]
             margins = vq_margins(fixture_codec, torch.from_numpy(clip).view(1, 1, -1))
-        codes = encoder.encode(clip)
-        assert codes.shape == whole.shape, samples
-        for frame in (codes != whole).any(0).nonzero().flatten().tolist():
-            first = int((codes[:, frame] != whole[:, frame]).nonzero()[0])
-            assert margins[first, frame] < NEAR_TIE, (samples, frame, first, float(margins[first, frame]))
+        assert_same_codes_but_near_ties(encoder.encode(clip), whole, margins, NEAR_TIE)
     with pytest.raises(ValueError, match="at least one sample"):
         encoder.encode(np.zeros(0, dtype=np.float32))
     with pytest.raises(RuntimeError, match="need a CUDA device"):
         encoder.prepare()  # the graph is CUDA's; on the CPU the encoder stays eager
+
+
+def test_a_batch_of_clips_gives_each_clip_the_codes_it_gets_alone(fixture_codec):
+    """Clips of different lengths encoded as the rows of one batch (padded to the longest, the
+    bucket's spare row silent): each gets its codes of an encode alone, up to VQ near-ties."""
+    from engine.runtime.reference_encoder import ReferenceEncoder
+
+    frame_length = fixture_codec.config.frame_length
+    encoder = ReferenceEncoder(fixture_codec, chunk_frames=4, max_frames=12, max_batch=4)
+    assert encoder.batches == [1, 2, 4]
+    gen = torch.Generator().manual_seed(5)
+    clips = [(0.3 * torch.randn(n, generator=gen)).numpy()
+             for n in (9 * frame_length + 11, 2 * frame_length, 12 * frame_length)]  # 3 rows: bucket 4
+    batched = [handle.result() for handle in encoder.start(clips)]
+    for clip, codes in zip(clips, batched):
+        with torch.inference_mode():
+            margins = vq_margins(fixture_codec, torch.from_numpy(clip).view(1, 1, -1))
+        assert_same_codes_but_near_ties(codes, encoder.encode(clip), margins, NEAR_TIE)
+    with pytest.raises(ValueError, match="at most 4 clips of at most 12 frames"):
+        encoder.start(clips * 2)
+    with pytest.raises(ValueError, match="at most 4 clips of at most 12 frames"):
+        encoder.start([clips[0], np.zeros(13 * frame_length, dtype=np.float32)])
+    with pytest.raises(ValueError, match="at least one sample"):
+        encoder.start([clips[0], np.zeros(0, dtype=np.float32)])
 
 
 def test_streaming_encoder_takes_whole_frames_only(fixture_codec):

@@ -193,6 +193,33 @@ def test_prefix_cache_hit_gives_the_same_codes_as_a_miss(model, specs):
     assert torch.equal(first.codes, second.codes)
 
 
+def test_new_voices_admitted_together_prefill_their_prefixes_in_one_call(model, specs):
+    """Voices A and B, new, and a second sequence of A, admitted together: one prefill call holds
+    A's and B's prefixes (one row per voice), the second A copies A's, and each sequence gets the
+    codes it gets alone."""
+    loop = scheduler_for(model, 3)
+    reconfigure(loop, max_admit_per_step=3)
+    runner = loop.runner.step_runner
+    calls, prefill_many = [], runner.prefill_many
+
+    def recording(rows):
+        calls.append([(slot, prompt.shape[1], start) for slot, prompt, start in rows])
+        prefill_many(rows)
+
+    runner.prefill_many = recording
+    owners = [Collector() for _ in range(3)]
+    for spec, owner in zip((specs[0], specs[2], specs[1]), owners, strict=True):  # A, B, A
+        loop.submit(spec, owner)
+    run_until_idle(loop)
+    prefixes = [specs[0].prefix_length + 1, specs[2].prefix_length + 1]
+    assert calls[0] == [(0, prefixes[0], 0), (1, prefixes[1], 0)]  # both new voices' prefixes, one call
+    assert [start for _, _, start in calls[1]] == [specs[0].prefix_length, specs[2].prefix_length,
+                                                   specs[1].prefix_length]  # then the texts
+    assert loop.runner.prefix_cache.stats()["hits"] == 1  # the second A
+    for owner, k in zip(owners, (0, 2, 1), strict=True):
+        assert owner.error is None and torch.equal(owner.codes, alone(model, specs[k]).codes)
+
+
 def test_prefix_cache_evicts_to_its_budget(model, specs):
     c = model.config
     one_position = 2 * c.n_layer * c.n_local_heads * c.head_dim * 4

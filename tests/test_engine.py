@@ -417,17 +417,17 @@ class HeldEncode:
 
 
 def hold_encodes(eng, monkeypatch, fail_on: int = 0):
-    """Reference encodes give their real codes only once the returned event is set, and start
-    number `fail_on` (1-based; 0: none) raises; returns (that event, the sample count of each
-    encode started)."""
+    """Reference encodes give their real codes only once the returned event is set, and batch
+    number `fail_on` (1-based; 0: none) raises as it starts; returns (that event, the sample counts
+    of each batch started)."""
     encoder = eng._core.clip_encodes.encoder
     real_start, released, starts = encoder.start, threading.Event(), []
 
-    def start(samples):
-        starts.append(len(samples))
+    def start(clips):
+        starts.append([len(samples) for samples in clips])
         if len(starts) == fail_on:
             raise RuntimeError("encoder out of order")
-        return EncodeHandle(real_start(samples).result(), HeldEncode(released))
+        return [EncodeHandle(handle.result(), HeldEncode(released)) for handle in real_start(clips)]
 
     monkeypatch.setattr(encoder, "start", start)
     return released, starts
@@ -527,21 +527,33 @@ def _distinct_clips(speech, gains):
     return [ReferenceInput((rate, samples * gain), "The quick brown fox.") for gain in gains]
 
 
-def test_new_voices_encode_a_few_at_a_time(fresh_engine, speech, monkeypatch):
-    from engine.clip_encodes import ENCODES_IN_FLIGHT
-
+def test_new_voices_that_arrive_while_a_batch_encodes_encode_together_by_length(fresh_engine, speech, monkeypatch):
+    """The first new clip encodes at once, alone; the clips that arrive meanwhile wait for it and
+    then encode as batches of clips of similar length (at most max_batch each), every request
+    getting its voice."""
     eng = fresh_engine
+    encoder = eng._core.clip_encodes.encoder
     released, starts = hold_encodes(eng, monkeypatch)
-    gains = [1.0 - 0.1 * i for i in range(ENCODES_IN_FLIGHT + 2)]
-    refs = _distinct_clips(speech, gains)
-    voiced = [in_background(eng.synthesize, f"Voiced {i}.", references=[ref], params=FAST) for i, ref in enumerate(refs)]
+    samples, rate = sf.read(speech.wav(), dtype="float32")
+    chunk = encoder.chunk_samples * rate // 44_100 * 9 // 10  # within one encoder chunk, at the clip's rate
+    short = [np.resize(samples, chunk) * (1.0 - 0.1 * i) for i in range(encoder.max_batch + 1)]
+    long = np.resize(samples, 3 * chunk)  # three chunks: another length bucket
+    refs = [ReferenceInput((rate, clip), "The quick brown fox.") for clip in [*short, long]]
+    voiced = [in_background(eng.synthesize, "Voiced first.", references=[refs[0]], params=FAST)]
+    wait_for(lambda: starts)
+    voiced += [in_background(eng.synthesize, f"Voiced {i}.", references=[ref], params=FAST)
+               for i, ref in enumerate(refs[1:])]
     wait_for(lambda: len(eng._core.clip_encodes._encoding) == len(refs))  # all asked for
-    worker_iterations(eng)  # each iteration starts waiting encodes while fewer than ENCODES_IN_FLIGHT run
-    assert len(starts) == ENCODES_IN_FLIGHT
+    worker_iterations(eng)
+    assert len(starts) == 1 and len(starts[0]) == 1  # the first alone; the others wait for it
     released.set()
-    results = [f.result(timeout=120) for f in voiced]
-    assert len(starts) == len(refs) and all(len(r.audio) > 0 for r in results)
+    assert all(len(f.result(timeout=120).audio) > 0 for f in voiced)
+    # Then the other short clips as one full batch, and the long one apart (in either order).
+    alone, full = sorted(starts[1:], key=len)
+    assert len(alone) == 1 and len(full) == encoder.max_batch
+    assert alone[0] > 2 * max(full)  # the long clip
     assert not eng._core.clip_encodes._encoding and eng.reference_cache.stats()["misses"] == len(refs)
+    assert eng.stats()["reference_encodes"] == {"batches": len(starts), "clips": len(refs)}
 
 
 def test_a_clip_whose_encode_fails_to_start_after_waiting_fails_only_its_requests(fresh_engine, speech, monkeypatch):

@@ -5,6 +5,7 @@ import random
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 
 import numpy as np
 import pytest
@@ -256,12 +257,48 @@ def test_step_and_codec_graphs_replaying_at_once_give_the_codec_audio_of_serial_
     np.testing.assert_array_equal(request(), before)  # the replays left nothing behind
 
 
+HOLD_S = 60  # a bound on waits for events that come at once: reached only when the engine is broken
+
+
+@contextmanager
+def arriving_together(engine, monkeypatch, jobs: int):
+    """Holds the GPU worker on a job of its own until `jobs` more jobs are submitted, whichever
+    threads submit them and however slowly: it then runs them all in one round, before the step
+    that follows it (GPUWorker._run_round), as if they had arrived at the same instant."""
+    submit, lock, submitted, all_submitted = engine._worker.submit, threading.Lock(), [], threading.Event()
+
+    def counted_submit(work):
+        job = submit(work)
+        with lock:
+            submitted.append(job)
+            if len(submitted) == jobs:
+                all_submitted.set()
+        return job
+
+    holding = threading.Event()
+
+    def hold(job):
+        holding.set()
+        job.emit(all_submitted.wait(HOLD_S))
+        job.finish()
+
+    held = submit(hold)
+    # The hold runs before anything else is queued, so its round ends with it and the jobs wait behind.
+    assert holding.wait(HOLD_S), "the GPU worker did not run the holding job"
+    monkeypatch.setattr(engine._worker, "submit", counted_submit)
+    try:
+        yield
+    finally:
+        monkeypatch.setattr(engine._worker, "submit", submit)
+    assert next(held.results()), f"{len(submitted)} of {jobs} jobs reached the GPU worker while it was held"
+
+
 @pytest.mark.gpu
 def test_a_new_engine_captures_larger_batches_when_demanded_or_idle(tmp_path, monkeypatch):
-    """Ready with batch 1's graphs alone: four requests at once drain the batch, the graphs up to
-    four rows are captured, and each request gets the audio it gets alone; the last bucket (8)
-    is captured once the worker is idle. With decode_priority on: the worker thread's stream
-    outranks the codec's and the reference encoder's."""
+    """Ready with batch 1's graphs alone: four requests arriving together drain the batch, the
+    graphs up to four rows are captured, and each request gets the audio it gets alone; the last
+    bucket (8) is captured once the worker is idle. With decode_priority on: the worker thread's
+    stream outranks the codec's and the reference encoder's."""
     monkeypatch.setattr(worker_module, "IDLE_AFTER_S", 1e6)  # no idle capture until the test allows it
     engine = TTSEngine.from_config(EngineConfig(demo=True, device="cuda", precision="fp32", max_batch_size=8,
                                                 cache_dir=str(tmp_path / "cache"), voices_dir=str(tmp_path / "voices"),
@@ -278,18 +315,26 @@ def test_a_new_engine_captures_larger_batches_when_demanded_or_idle(tmp_path, mo
         texts = [f"Request {i} of a fresh engine." for i in range(4)]
         alone = [engine.synthesize(t, params=p).audio for t, p in zip(texts, params)]
         assert engine.stats()["slots_ready"] == 1
-        with ThreadPoolExecutor(4) as pool:
+        with arriving_together(engine, monkeypatch, 4), ThreadPoolExecutor(4) as pool:
             together = list(pool.map(lambda i: engine.synthesize(texts[i], params=params[i]).audio, range(4)))
         assert engine.stats()["slots_ready"] == 4
         for a, b in zip(alone, together):
             assert a.shape == b.shape
             np.testing.assert_allclose(a, b, rtol=0, atol=1e-4)
+        graphs, all_captured = synth.graphs, threading.Event()
+        capture_more = graphs.capture_more
+
+        def capture_more_then_tell(up_to: int = 0) -> bool:
+            remaining = capture_more(up_to)
+            if not remaining:
+                all_captured.set()
+            return remaining
+
+        monkeypatch.setattr(graphs, "capture_more", capture_more_then_tell)
         monkeypatch.setattr(worker_module, "IDLE_AFTER_S", 0.1)
         engine._worker.call(lambda: None)  # wakes the worker, which then waits the new quiet time
-        deadline = time.monotonic() + 300
-        while engine.stats()["slots_ready"] < 8:
-            assert time.monotonic() < deadline, "the idle worker did not capture batch 8"
-            time.sleep(0.1)
+        assert all_captured.wait(300), "the idle worker did not capture batch 8"
+        assert engine.stats()["slots_ready"] == 8
         np.testing.assert_allclose(engine.synthesize(texts[0], params=params[0]).audio, alone[0], rtol=0, atol=1e-4)
     finally:
         engine.close()

@@ -3,7 +3,7 @@ its epilogue.
 
 cuDNN runs the decoder's convolutions on (B, C, T) activations fastest, but only after converting
 them to NHWC and back around each call, and the Snakes, bias and residual adds around each conv are
-passes of their own (docs/PERFORMANCE.md: together more than half of a codec call's GPU time). Here
+passes of their own (together more than half of a codec call's GPU time). Here
 the activations stay (B, T, C): a tap of a dilated convolution is then a block of whole rows shifted
 in time, so every operand tile is an aligned, contiguous load, and the convolution is a matmul whose
 K loop runs over (tap, input channel block). The epilogue adds the bias and, as asked, a Snake, a
@@ -100,7 +100,7 @@ if triton is not None:
     def _snake(x, alpha, eps, fast_sin: tl.constexpr):
         """x + sin(alpha x)^2 / (alpha + eps), in fp32. fast_sin: NVIDIA's sin.approx (absolute error
         ~1e-6 for |alpha x| < 100, far below the bf16 rounding of the result); libdevice's sinf, which
-        the interpreter runs, made a conv with this epilogue three times slower on an H100."""
+        the interpreter runs, makes a conv with this epilogue about three times slower."""
         if fast_sin:
             wave = tl.inline_asm_elementwise("sin.approx.f32 $0, $1;", "=r,r", [alpha * x], dtype=tl.float32,
                                              is_pure=True, pack=1)
@@ -186,9 +186,9 @@ class Tiles:
 
 
 def large_tiles(c_in: int, c_out: int, element_size: int = 2) -> Tiles:
-    """The best tiles of `scripts/bench_conv_kernel.py --sweep` on an H100, 64 rows x 32 frames, in
-    bf16. fp32 operands take twice the shared memory per stage: their K blocks are at most 32 (a
-    128 x 256 tile with K 64 would need ~288 KB over 3 stages, more than an H100's 227)."""
+    """The fastest tiles of a sweep over tile shapes at 64 rows x 32 frames in bf16. fp32 operands
+    take twice the shared memory per stage: their K blocks are at most 32 (a 128 x 256 tile with K 64
+    would need ~288 KB over 3 stages, more than the 227 KB a Hopper SM has)."""
     block_k = 64 if c_in % 64 == 0 else 32 if c_in % 32 == 0 else 16  # 16: masked channels if not a multiple
     if element_size > 2:
         block_k = min(block_k, 32)
@@ -197,7 +197,7 @@ def large_tiles(c_in: int, c_out: int, element_size: int = 2) -> Tiles:
     return Tiles(128, max(32, triton.next_power_of_2(c_out)), block_k, warps=4, stages=4 if block_k == 32 else 3)
 
 
-MIN_PROGRAMS = 264  # two per SM of an H100
+MIN_PROGRAMS = 264  # two per SM on the largest GPUs (132 SMs), so that none idles
 
 
 def tiles_for(c_in: int, c_out: int, rows: int, length: int, element_size: int = 2) -> Tiles:

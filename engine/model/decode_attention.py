@@ -2,10 +2,10 @@
 
 A decode step adds one token per row. After its QKV projection, Attention.attend normalises the
 query and key heads (q/k RMSNorm), rotates them (RoPE), writes the key and value into the KV cache
-and attends; compiled by Inductor that was five to seven small kernels per layer (~8 us of a slow
-layer's 33 at batch 1 on an H100) before any attention. Here one kernel does it all, reading only
+and attends; compiled by Inductor that is five to seven small kernels per layer (about a quarter of
+a slow layer's time at batch 1) before any attention. Here one kernel does it all, reading only
 each row's live keys (0..position), once; written in PyTorch ops (dual_ar.one_query_attention)
-every row read the whole KV bucket.
+every row reads the whole KV bucket.
 
 Split-KV ("flash decoding"): program (row, kv head, split) normalises and rotates the group of query
 heads that share the kv head, attends them over one split of SPLIT_KEYS keys and writes its
@@ -16,9 +16,8 @@ one row, whose graph is compiled apart), so one compiled graph serves every batc
 cache of at most MAX_DIRECT_KEYS positions (the fast transformer's 10) is one split per kv head,
 which writes the output itself: one kernel, no merge. For one row (early_keys) a program requests
 its first block of cached keys and values before the query's math and takes the new key and value
-from registers, so that no load waits for the store: a batch-1 frame 1.511-1.516 ms against
-1.538-1.539 on an H100; batches keep the store-then-read order, since a batch-64 step was slower
-that way (4.116 against 3.848 ms: docs/PERFORMANCE.md).
+from registers, so that no load waits for the store (a batch-1 frame ~2% faster); batches keep the
+store-then-read order, since early loads make a batch-64 step several percent slower.
 
 Registered as a torch.library.triton_op so that Inductor compiles it into the step's graph (and
 CUDA graphs capture it). It writes the caches it is given, which Inductor (torch 2.11) compiles
@@ -30,8 +29,8 @@ One row (the batch-1 step) takes decode_attention_one_row instead: the same kern
 programmatic dependent launch themselves, from a custom op opaque to Inductor (which launches a
 triton_op's kernels without PDL on torch 2.11). A program then requests its position, rotation and
 first block of cached keys while the QKV projection before it still runs, and waits for that
-projection only to read the token: a batch-1 frame 1.466-1.470 ms against 1.500-1.505 on an H100
-(docs/PERFORMANCE.md). Importing this module needs Triton and torch >= 2.6.
+projection only to read the token (a batch-1 frame ~2% faster). Importing this module needs Triton
+and torch >= 2.6.
 """
 
 from __future__ import annotations
@@ -46,13 +45,13 @@ from torch.library import triton_op, wrap_triton
 from ..compilation import pdl_available
 from .launch_control import launch_options, let_dependents_launch, wait_for_inputs
 
-# Keys per program, and per inner iteration. Timed on an H100 (docs/PERFORMANCE.md): 256 keys at
-# batch 16-64 (2.6 TB/s), 64 at batch 1, where 256 would leave most SMs idle.
+# Keys per program, and per inner iteration, the fastest when timed: 256 keys at batch 16-64 (near the
+# memory's bandwidth), 64 at batch 1, where 256 would leave most SMs idle.
 SPLIT_KEYS, ONE_ROW_SPLIT_KEYS, BLOCK_KEYS = 256, 64, 64
 NUM_WARPS, NUM_STAGES = 4, 2
 MIN_DOT = 16  # tl.dot's smallest dimension: the query group (2 heads for S1-mini) is padded to it
-# Splits the merge loads at once for one row (8 at kv 512: 1.540-1.543 ms a frame against 1.560-1.561 one at a
-# time); batches keep one at a time (8 at 64 rows, kv 512: 126 us of merges a step against 66).
+# Splits the merge loads at once for one row (8 at kv 512 make a frame ~1% faster than one at a time);
+# batches keep one at a time (8 at 64 rows, kv 512 make a step's merges about twice as slow).
 ONE_ROW_MERGE_BLOCK = 8
 MAX_DIRECT_KEYS = 64  # caches up to this capacity are attended by one program per kv head, unsplit
 
@@ -276,7 +275,7 @@ def decode_attention(qkv: Tensor, q_norm: Tensor | None, k_norm: Tensor | None, 
                   k_cache, v_cache, positions, n_keys, n_heads, one_row)
 
 
-# No defaults: torch 2.11 drops a mutated custom-op argument that has one (docs/PERFORMANCE.md, 2026-11-26).
+# No defaults: torch 2.11 drops a mutated custom-op argument that has one.
 @torch.library.custom_op("s1mini::decode_attention_one_row", mutates_args=("k_cache", "v_cache"))
 def decode_attention_one_row(qkv: Tensor, q_norm: Tensor | None, k_norm: Tensor | None, eps: float, rope: Tensor,
                              k_cache: Tensor, v_cache: Tensor, positions: Tensor, n_keys: int, n_heads: int) -> Tensor:

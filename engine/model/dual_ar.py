@@ -60,7 +60,7 @@ def one_query_attention(q: Tensor, keys: Tensor, values: Tensor, mask: Tensor | 
     if mask is None:  # the fast transformer's few keys (all visible): one small fused reduction
         return (probs.unsqueeze(-1) * values.unsqueeze(2).float()).sum(dim=-2).to(q.dtype)
     # Hundreds of keys: as a matmul, which reads V whole rows at a time (a fused reduction over the
-    # keys reads V down its columns: 11 us per slow layer on an H100, against 14 us for SDPA).
+    # keys reads V down its columns; the matmul is also faster than SDPA here).
     return torch.matmul(probs.to(values.dtype), values)
 
 
@@ -104,7 +104,7 @@ class Attention(nn.Module):
         bsz, seqlen, _ = qkv.shape
         if seqlen == 1 and self.decode_kernel and qkv.is_cuda and torch.compiler.is_compiling():
             # The compiled decode step: norms, RoPE, the KV write and attention over each row's own
-            # live keys (positions 0..p) in one kernel, where they were five to seven.
+            # live keys (positions 0..p) in one kernel instead of five to seven.
             op = attention_kernel.decode_attention_one_row if bsz == 1 else attention_kernel.decode_attention
             out = op(qkv.reshape(bsz, -1), *self.kernel_norms(), rope.reshape(bsz, -1), kv.k, kv.v, kv.positions[:, 0],
                      kv.key_positions.shape[0], self.n_head)
@@ -277,7 +277,7 @@ def norm_then_linear(norm: RMSNorm, weight: Tensor, x: Tensor) -> Tensor:
 
 def fused_norm_then_linear(norm: RMSNorm, weight: Tensor, x: Tensor) -> Tensor:
     """norm_then_linear as one fused_linear kernel for a lone row (the batch-1 step's heads run
-    between its compiled regions, where the norm alone was seven eager kernels); other inputs
+    between its compiled regions, where the norm alone is seven eager kernels); other inputs
     take the plain ops."""
     if projection_kernel is None or x.numel() != x.shape[-1] or not x.is_cuda \
             or not _plain(weight) or weight.dtype != x.dtype:
@@ -341,8 +341,8 @@ class DualARTransformer(nn.Module):
     @staticmethod
     def weight_cache_hints() -> tuple[tuple[str, ...], tuple[str, ...]]:
         """The L2 hints of the slow and the fast blocks' projections (qkv, wo, w13, w2) at batch 1. A
-        frame streams ~0.9 GB of slow weights once and the fast blocks' ~0.1 GB ten times, through a
-        50 MB L2 (H100): the slow weights and the fast QKV and gate/up go first, so that the fast
+        frame streams ~0.9 GB of slow weights once and the fast blocks' ~0.1 GB ten times, through an
+        L2 of tens of MB: the slow weights and the fast QKV and gate/up go first, so that the fast
         output and down projections (~33 MB) stay cached from one fast position to the next."""
         return ("evict_first",) * 4, ("evict_first", "evict_last", "evict_first", "evict_last")
 

@@ -1,9 +1,9 @@
 """The batch-1 decode step's projections as one Triton kernel each, with their neighbours folded in.
 
-A batch-1 frame is ~1,000 dependent kernels (docs/PERFORMANCE.md). Compiled by Inductor, each
-projection of a transformer block was a reduction kernel reading its weights at ~0.8-1.6 TB/s on an
-H100, with the RMSNorm before it, the SiLU gate and the residual add after it partly in kernels of
-their own. Here one kernel does, for the step's one row:
+A batch-1 frame is ~1,000 dependent kernels. Compiled by Inductor, each projection of a
+transformer block is a reduction kernel reading its weights well below the memory's bandwidth, with
+the RMSNorm before it, the SiLU gate and the residual add after it partly in kernels of their own.
+Here one kernel does, for the step's one row:
 
     out = [residual +] [silu(gate) *] (RMSNorm(x) | x) @ W^T
 
@@ -17,8 +17,8 @@ column's fp32 sum is multiplied by its row's fp32 scale and rounded once; torcha
 rounds more often, so in bf16 the two can differ by about one unit in the last place.
 
 Few columns per program and whole rows of W per iteration keep many loads in flight: timed from
-memory (scripts/bench_fused_linear.py), the slow block's four projections take ~20 us against ~33
-us compiled from the plain ops. Batched rows keep cuBLAS, which was faster there.
+memory, the slow block's four projections take about 40% less time than compiled from the plain
+ops. Batched rows keep cuBLAS, which is faster there.
 
 Programmatic dependent launch (Hopper and newer, see compilation.pdl_available): the kernel launches while the
 kernel before it still runs, loads its first block of weights, and only then waits for that
@@ -55,10 +55,10 @@ class Launch:
     pdl: bool = True  # programmatic dependent launch where pdl_available()
 
 
-# S1-mini's projections by shape (K, N, gated): the fastest setting of each in bench_fused_linear's
-# sweep on an H100 (28 calls in a CUDA graph, each with its own weights); together 1.560 ms a
-# batch-1 frame against 1.579-1.585 with Launch() everywhere (docs/PERFORMANCE.md, 2026-11-26).
-# Other shapes (the demo model's, the output heads') keep Launch().
+# S1-mini's projections by shape (K, N, gated): the fastest setting of each in a sweep over launch
+# settings (28 calls in a CUDA graph, each with its own weights); together they make a batch-1 frame
+# ~1% faster than Launch() everywhere. Other shapes (the demo model's, the output heads') keep
+# Launch().
 TUNED: dict[tuple[int, int, bool], Launch] = {
     (1024, 4096, False): Launch(block_n=8, num_warps=2),  # slow qkv
     # Whole K in one block (2048, and 3072 as 4096 masked): every weight a program reads is requested

@@ -1,9 +1,9 @@
 """Convolutions run by cuDNN or as one matmul (im2col), whichever is faster for the shape.
 
-On an H100 (torch 2.11, cuDNN 9) one of S1-mini's decoder convolutions at batch 64, 384 channels
-with dilation 9 over 4,096 samples, takes cuDNN 18.5 ms, the others of its kind 1.4-3 ms, and the
-same convolution written as a matmul over the input's k shifted copies 3.1 ms (docs/PERFORMANCE.md).
-Which shapes cuDNN handles badly depends on the GPU and cuDNN version, so each shape is timed once,
+cuDNN runs a few of S1-mini's decoder convolutions (one at batch 64, 384 channels with dilation 9
+over 4,096 samples) several times slower than the others of their kind, and slower than the same
+convolution written as a matmul over the input's k shifted copies (im2col). Which shapes cuDNN
+handles badly depends on the GPU and cuDNN version, so each shape is timed once,
 both ways, while `tuning()` is on (the codec runner turns it on while it captures its graphs) and
 the faster one kept (im2col only when clearly faster: near ties keep cuDNN, so a restart makes the
 same choice); shapes never timed run cuDNN. Timing and choices live on the one thread that drives the

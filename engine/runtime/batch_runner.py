@@ -1,10 +1,10 @@
 """Carries the scheduler's plans out on the device: frees slots, prefills and starts admitted
 sequences, steps the batch, and copies the frame counts back to the host.
 
-Admitted sequences prefill together: each one's voice prefix first (copied from the prefix cache
-when it is there, else prefilled alone in its slot and stored at once, so that a later sequence of
-the same admission finds it), then every prompt's text in one batched call, then their rows of the
-decode state in one call. A call that fails for several sequences is tried for each alone, so that
+Admitted sequences prefill together: their voice prefixes first (copied from the prefix cache when
+it is there; the prefixes of new voices prefilled in one batched call, one sequence per voice, and
+stored at once, so that the admission's other sequences of those voices copy them), then every
+prompt's text in one batched call, then their rows of the decode state in one call. A call that fails for several sequences is tried for each alone, so that
 only a sequence whose own call fails fails.
 """
 
@@ -56,18 +56,30 @@ class BatchRunner:
     def admit(self, admissions: list[Admission]) -> tuple[list[Admission], list[tuple[Any, BaseException]]]:
         """Prefill and start the admitted sequences; returns those that started and the failures."""
         failed: list[tuple[Any, BaseException]] = []
-        admitted: list[Admission] = []
-        text_start: dict[int, int] = {}  # by slot: the first prompt column the text prefill writes
+        text_start = {a.slot: self._usable_prefix(a.spec) for a in admissions}  # the first column the text prefill writes
         stored: dict[int, tuple[Tensor, Tensor]] = {}  # by slot: the cached voice prefixes to place
-        for admission in admissions:
-            try:
-                text_start[admission.slot], prefix = self._voice_prefix(admission.slot, admission.spec)
-            except Exception as exc:  # this sequence's fault (or its prefill's): it alone fails
-                failed.append((admission.owner, exc))
-                continue
-            admitted.append(admission)
-            if prefix is not None:
-                stored[admission.slot] = prefix
+        fill: dict[str, Admission] = {}  # by voice: the admission that prefills a prefix nobody stored
+        for a in admissions:
+            if text_start[a.slot] and a.spec.prefix_key not in fill:
+                cached = self.prefix_cache.get(a.spec.prefix_key, text_start[a.slot])
+                if cached is None:
+                    fill[a.spec.prefix_key] = a
+                else:
+                    stored[a.slot] = cached
+        filled = _together_or_alone(list(fill.values()), self._prefill_prefixes, "prefilling voice prefixes", failed)
+        admitted = []
+        for a in admissions:
+            if not text_start[a.slot] or a.slot in stored or a in filled:
+                admitted.append(a)
+            elif fill[a.spec.prefix_key] is not a:  # another admission of this voice prefilled it: copy it
+                try:
+                    cached = self._stored_prefix(a)
+                except Exception as exc:  # this sequence's own prefill failed: it alone fails
+                    failed.append((a.owner, exc))
+                    continue
+                if cached is not None:
+                    stored[a.slot] = cached
+                admitted.append(a)
 
         def place(group: list[Admission]) -> None:
             self.prefix_cache.place([(stored[a.slot], a.slot) for a in group])
@@ -105,23 +117,30 @@ class BatchRunner:
         slot's next sequence writes them."""
         return self.state.frames[slot, 1:, start:end]
 
-    def _voice_prefix(self, slot: int, spec: SequenceSpec) -> tuple[int, tuple[Tensor, Tensor] | None]:
-        """The first prompt column still to prefill, and the stored voice prefix to place in the
-        slot (None when there is none to place). A prefix the cache does not hold is prefilled in
-        the slot and stored at once, so that a later sequence of the same admission finds it."""
+    def _usable_prefix(self, spec: SequenceSpec) -> int:
+        """The length of the sequence's voice prefix when the prefix cache serves it, else 0. The
+        prefix is always prefilled on its own, hit or miss, so a sequence's KV (and so its frames)
+        does not depend on whether its voice was cached."""
         prefix = spec.prefix_length
         usable = (self.prefix_cache is not None and spec.prefix_key is not None
                   and MIN_PREFIX <= prefix < spec.prompt.shape[1])
-        if not usable:
-            return 0, None
-        # The prefix is always prefilled on its own, hit or miss, so a sequence's KV (and so its
-        # frames) does not depend on whether its voice was cached.
-        cached = self.prefix_cache.get(spec.prefix_key, prefix)
-        if cached is None:
-            self.step_runner.prefill(slot, spec.prompt, 0, prefix)
-            self.prefix_cache.store(spec.prefix_key, slot, prefix)
-        return prefix, cached
+        return prefix if usable else 0
 
+    def _prefill_prefixes(self, group: list[Admission]) -> None:
+        """Prefill the voice prefixes of new voices in their slots, in one call, and store each."""
+        self.step_runner.prefill_many([(a.slot, a.spec.prompt[:, :a.spec.prefix_length + 1], 0) for a in group])
+        for a in group:
+            self.prefix_cache.store(a.spec.prefix_key, a.slot, a.spec.prefix_length)
+
+    def _stored_prefix(self, admission: Admission) -> tuple[Tensor, Tensor] | None:
+        """The voice prefix another admission of the same step prefilled and stored. When that one
+        failed, or the prefix is too large to keep, this one prefills its own in its slot (None:
+        nothing to copy)."""
+        spec = admission.spec
+        cached = self.prefix_cache.get(spec.prefix_key, spec.prefix_length)
+        if cached is None:
+            self._prefill_prefixes([admission])
+        return cached
 
 def _together_or_alone(group: list[Admission], call, what: str,
                        failed: list[tuple[Any, BaseException]]) -> list[Admission]:

@@ -1,15 +1,24 @@
-"""Reference clips -> codes, a fixed number of frames at a time; on CUDA each chunk is one graph replay.
+"""Reference clips -> codes, several clips in one pass, a fixed number of frames at a time; on CUDA
+each chunk of a batch is one graph replay.
+
+Clips that arrive together encode as the rows of one batch: a clip's chunk costs about as much GPU
+time alone as with a few others beside it (batch 1 leaves most of the GPU idle), so a burst of new
+voices takes a fraction of the time one after another would. The rows of a batch are padded to its
+longest clip, whose chunks all rows step through; the caller groups clips of similar length
+(clip_encodes.length_bucket), so little of that is padding. Batch sizes are buckets (1, 2, 4, 8, ...)
+with a graph each; empty rows of a bucket encode silence, which nobody reads (the engine fills its
+batches, see clip_encodes).
 
 Encoding a clip eagerly launches ~1,300 kernels per 32-frame chunk from Python, several times the
 clip's GPU time, and more inside a busy server, where the worker thread that encodes also runs every
-decode step. The chunk's graph replays the same kernels with one launch: the same codes. Every chunk, the last one included, has the same size: the last is padded with zeros,
-which the causal encoder sees only after the clip's real frames, whose codes are kept.
+decode step. The chunk's graph replays the same kernels with one launch: the same codes. Every chunk,
+the last one included, has the same size: the last is padded with zeros, which the causal encoder
+sees only after the clip's real frames, whose codes are kept.
 
-On CUDA a clip encodes on a stream of its own (`start`): the worker thread goes on stepping the
-running sequences, whose steps the encode's kernels share the GPU with, instead of waiting ~50 ms
-for each new voice. Encodes started one after another run in order on that stream; the engine
-starts one at a time (clip_encodes.ENCODES_IN_FLIGHT), since a burst of them queued at once filled the
-GPU's command buffer and held up every launch behind them.
+On CUDA the encodes run on a stream of their own (`start`): the worker thread goes on stepping the
+running sequences, whose steps the encode's kernels share the GPU with, instead of waiting for each
+batch of new voices. The engine runs one batch at a time (clip_encodes): a burst of batches queued at
+once would fill the GPU's command buffer and hold up every launch behind them.
 """
 
 from __future__ import annotations
@@ -45,83 +54,119 @@ class EncodeHandle:
         return self._codes
 
 
-class ReferenceEncoder:
-    """One streaming encoder and, after prepare(), its chunk graph. Stateful: call it from one thread
-    at a time (the engine's GPU worker)."""
+def batch_buckets(max_batch: int) -> list[int]:
+    """1, 2, 4, ... up to max_batch (itself the last bucket)."""
+    sizes = [1]
+    while sizes[-1] * 2 < max_batch:
+        sizes.append(sizes[-1] * 2)
+    return sizes + [max_batch] if max_batch > 1 else sizes
 
-    def __init__(self, codec: ModdedDAC, chunk_frames: int, max_frames: int):
+
+class ReferenceEncoder:
+    """A streaming encoder per batch bucket and, after prepare(), their chunk graphs. Stateful: call
+    it from one thread at a time (the engine's GPU worker)."""
+
+    def __init__(self, codec: ModdedDAC, chunk_frames: int, max_frames: int, max_batch: int = 1):
         """chunk_frames: frames encoded at a time (bounds the activations held at once); max_frames:
-        the longest clip, in frames, that a graph replay may encode."""
+        the longest clip, in frames, that the batched encoders (and their graphs) take; max_batch:
+        the most clips encoded in one pass."""
+        if max_batch < 1:
+            raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         self.codec, self.chunk_frames, self.max_frames = codec, chunk_frames, max_frames
         self.device = next(codec.parameters()).device
-        self.encoder = StreamingEncoder(codec)
-        # Replays run whole chunks, so the longest clip reaches its last chunk's padded end.
-        self.encoder.reserve(-(-max_frames // chunk_frames) * chunk_frames)
-        self._graph: torch.cuda.CUDAGraph | None = None
+        self.batches = batch_buckets(max_batch)
+        self._encoders = {b: StreamingEncoder(codec, batch=b) for b in self.batches}
+        for encoder in self._encoders.values():
+            # Replays run whole chunks, so the longest clip reaches its last chunk's padded end.
+            encoder.reserve(-(-max_frames // chunk_frames) * chunk_frames)
+        self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}  # batch -> graph, in, out
         self._stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
-        self._input: torch.Tensor | None = None
-        self._output: torch.Tensor | None = None
+
+    @property
+    def max_batch(self) -> int:
+        return self.batches[-1]
 
     @property
     def chunk_samples(self) -> int:
         return self.chunk_frames * self.codec.config.frame_length
 
+    def frames_of(self, samples: int) -> int:
+        return -(-samples // self.codec.config.frame_length)
+
     def prepare(self) -> float:
-        """Capture the chunk's graph (CUDA only) on the encoder's own stream, the one it replays on.
-        A graph keeps the cuBLAS workspace of the stream it was captured on (see cuda_graphs.capture),
-        and torch hands out streams from a small pool in turn, so a stream taken for the capture alone
-        could later be another runner's, whose matmuls would share that workspace during a replay.
-        Returns the seconds it took."""
+        """Capture every batch bucket's chunk graph (CUDA only) on the encoder's own stream, the one
+        it replays on. A graph keeps the cuBLAS workspace of the stream it was captured on (see
+        cuda_graphs.capture), and torch hands out streams from a small pool in turn, so a stream
+        taken for the capture alone could later be another runner's, whose matmuls would share that
+        workspace during a replay. The graphs share one memory pool: they replay one after another
+        on that one stream, never at once. Returns the seconds it took."""
         if self.device.type != "cuda":
             raise RuntimeError(f"CUDA graphs need a CUDA device; the codec is on {self.device}: encode eagerly")
         started = time.perf_counter()
-        self._input = torch.zeros(1, 1, self.chunk_samples, device=self.device)
+        pool = torch.cuda.graph_pool_handle()
         with torch.inference_mode():
-            graph, self._output = capture(lambda: self.encoder.step(self._input), self._stream)
-        self._graph = graph
-        self.encoder.reset()
+            for batch, encoder in self._encoders.items():
+                chunk = torch.zeros(batch, 1, self.chunk_samples, device=self.device)
+                graph, codes = capture(lambda: encoder.step(chunk), self._stream, pool)  # noqa: B023 (called here)
+                self._graphs[batch] = graph, chunk, codes
+                encoder.reset()
         return time.perf_counter() - started
 
     def encode(self, samples: np.ndarray) -> torch.Tensor:
         """44.1 kHz mono float32 samples -> (num_codebooks, frames) int64 codes on the CPU."""
-        return self.start(samples).result()
+        return self.start([samples])[0].result()
 
-    def start(self, samples: np.ndarray) -> EncodeHandle:
-        """Start encoding 44.1 kHz mono float32 samples: on CUDA on the encoder's own stream (the
-        handle is ready once it finished), elsewhere at once."""
-        frame_length = self.codec.config.frame_length
-        frames = -(-len(samples) // frame_length)
-        if frames == 0:
+    def start(self, clips: list[np.ndarray]) -> list[EncodeHandle]:
+        """Start encoding clips of 44.1 kHz mono float32 samples together, one handle per clip: on
+        CUDA on the encoder's own stream (the handles are ready once it finished), elsewhere at once.
+        More than one clip: at most max_batch, none longer than max_frames."""
+        frames = [self.frames_of(len(samples)) for samples in clips]
+        if not clips or min(frames) == 0:
             raise ValueError("a reference clip needs at least one sample")
-        host = torch.from_numpy(np.require(samples, np.float32, ["C", "W"]))  # shared clips are read-only: copied then
-        if self._stream is None or frames > self.max_frames:
-            return EncodeHandle(self._encode(host.to(self.device), frames).cpu()[0, :, :frames])
+        if len(clips) > 1 and (len(clips) > self.max_batch or max(frames) > self.max_frames):
+            raise ValueError(f"a batch holds at most {self.max_batch} clips of at most {self.max_frames} frames, "
+                             f"got {len(clips)} of up to {max(frames)}")
+        # Shared clips are read-only: copied then.
+        rows = [torch.from_numpy(np.require(samples, np.float32, ["C", "W"])) for samples in clips]
+        if self._stream is None or max(frames) > self.max_frames:
+            codes = self._encode([row.to(self.device) for row in rows], max(frames)).cpu()
+            return [EncodeHandle(codes[i, :, :n]) for i, n in enumerate(frames)]
         self._stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(self._stream):
-            host = host.pin_memory()
-            codes = self._encode(host.to(self.device, non_blocking=True), frames)
+            host = [row.pin_memory() for row in rows]
+            codes = self._encode([row.to(self.device, non_blocking=True) for row in host], max(frames))
             out = torch.empty(codes.shape, dtype=codes.dtype, pin_memory=True)
             out.copy_(codes, non_blocking=True)
             done = torch.cuda.Event()
             done.record(self._stream)
-        return EncodeHandle(out[0, :, :frames], done, keep=(host,))
+        return [EncodeHandle(out[i, :, :n], done, keep=(host,)) for i, n in enumerate(frames)]
 
-    def _encode(self, samples: torch.Tensor, frames: int) -> torch.Tensor:
-        """(1, num_codebooks, chunks * chunk_frames) codes of samples on the device, on the current stream."""
-        audio = F.pad(samples.view(1, 1, -1), (0, -samples.shape[-1] % self.chunk_samples))
+    def _encode(self, rows: list[torch.Tensor], frames: int) -> torch.Tensor:
+        """(bucket, num_codebooks, chunks * chunk_frames) codes of the rows (padded to the longest, a
+        whole number of chunks) on the device, on the current stream; rows past len(rows) are silence."""
+        chunk_samples = self.chunk_samples
+        length = -(-frames * self.codec.config.frame_length // chunk_samples) * chunk_samples
         with torch.inference_mode():
             if frames > self.max_frames:
-                # Longer than reserved: a fresh encoder, whose RoPE tables may grow (growing this one's
-                # would free the table its graph reads).
+                # Longer than reserved (one clip): a fresh encoder, whose RoPE tables may grow (growing
+                # this one's would free the table its graph reads).
+                audio = F.pad(rows[0].view(1, 1, -1), (0, length - rows[0].shape[-1]))
                 return encode_chunked(self.codec, audio, self.chunk_frames)
-            self.encoder.reset()
+            batch = next(b for b in self.batches if b >= len(rows))
+            audio = torch.zeros(batch, 1, length, device=rows[0].device)
+            for i, row in enumerate(rows):
+                audio[i, 0, :row.shape[-1]] = row
+            encoder = self._encoders[batch]
+            encoder.reset()
+            graph = self._graphs.get(batch)
             codes = []
-            for start in range(0, audio.shape[-1], self.chunk_samples):
-                chunk = audio[..., start:start + self.chunk_samples]
-                if self._graph is None:
-                    codes.append(self.encoder.step(chunk))
+            for start in range(0, length, chunk_samples):
+                chunk = audio[..., start:start + chunk_samples]
+                if graph is None:
+                    codes.append(encoder.step(chunk))
                     continue
-                self._input.copy_(chunk)
-                self._graph.replay()
-                codes.append(self._output.clone())
+                replay, chunk_in, chunk_codes = graph
+                chunk_in.copy_(chunk)
+                replay.replay()
+                codes.append(chunk_codes.clone())
         return torch.cat(codes, -1)
