@@ -22,7 +22,7 @@ from .request import ReferenceClip
 from .runtime.reference_encoder import EncodeHandle, ReferenceEncoder
 
 if TYPE_CHECKING:
-    from .request_run import RequestRun
+    from .core import RequestRun
 
 ENCODE_POLL_S = 0.001  # how often an otherwise idle worker checks whether an encode has finished
 

@@ -68,7 +68,7 @@ class CompilePolicy:
         tuning at the first start, cached after.
 
         PDL lets a Triton kernel launch while the kernel before it finishes (a batch-1 frame is ~1,000
-        small kernels: 326 -> 334 frames/s on an H100; prefill is compiled with it too). Inductor
+        small kernels, and PDL gains a few percent of frames/s; prefill is compiled with it too). Inductor
         enables it only on compute capability 9.0+ and keeps it safe: a kernel waits for its
         predecessor before touching what that one writes (or writing what it reads), and lets its
         own successor start only after that wait, so everything older than its predecessor has
@@ -76,8 +76,7 @@ class CompilePolicy:
 
         With int8 weights Inductor's pattern matcher is off: it rewrites every int8 matmul of more
         than one row (prefill, batched decode) into aten._weight_int8pack_mm, whose CUDA kernel is
-        ~10x slower than casting the weights and calling cuBLAS (prefill of 280 positions: 278 ms
-        instead of 21 ms on an H100, measured)."""
+        ~10x slower than casting the weights and calling cuBLAS."""
         import torch._inductor.config as inductor_config
 
         options = {"max_autotune": True, "coordinate_descent_tuning": True} if self.mode == "max-autotune" else {}
@@ -213,10 +212,10 @@ def _inductor_default_cache_dir() -> str | None:
 def _pin_ptxas() -> None:
     """Point Triton at the ptxas Inductor picks (by Inductor's own helper) before our kernels compile.
     Triton's cache key holds the ptxas version, and Inductor sets TRITON_PTXAS_PATH only once it
-    compiles a kernel: a cold start (Inductor compiles) cached our kernels under keys that a warm
-    start (Inductor loads from its cache, sets nothing) missed, so the first warm start compiled them
-    again (~5 s on an H100, torch 2.11, 2026-11-27). A path the user set wins; where torch bundles no
-    ptxas, the helper sets nothing, in either start."""
+    compiles a kernel: without the pin, a cold start (Inductor compiles) caches our kernels under keys
+    that a warm start (Inductor loads from its cache, sets nothing) misses, and the warm start
+    compiles them again. A path the user set wins; where torch bundles no ptxas, the helper sets
+    nothing, in either start."""
     try:
         from torch._inductor.runtime.compile_tasks import _set_triton_ptxas_path
     except ImportError:

@@ -22,14 +22,13 @@ from loguru import logger
 from . import compilation
 from .audio import load_audio
 from .config import EngineConfig
+from .core import MIN_GENERATION_ROOM, EngineCore
 from .device import memory_gb, slots_that_fit
 from .errors import Cancelled, InputError, VoiceNotFoundError
 from .loader import LoadedModels, load_models
 from .params import SamplingParams
 from .references import DecodedClips, ReferenceCodeCache, default_cache_dir, default_voices_dir
-from .core import EngineCore
 from .request import AudioChunk, PreparedRequest, ReferenceClip
-from .request_run import MIN_GENERATION_ROOM
 from .runtime.kv_cache import bytes_per_slot
 from .runtime.worker import GPUWorker
 from .text.prompt import text_part, voice_prefix

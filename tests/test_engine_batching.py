@@ -18,7 +18,7 @@ from engine.runtime import worker as worker_module
 from engine.runtime.scheduler import BLOCK_SIZES
 from engine.runtime.worker import Job
 from engine.text.splitter import split_text
-from engine.request_run import RequestRun
+from engine.core import RequestRun
 
 
 @pytest.fixture(scope="module", params=["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])

@@ -57,7 +57,7 @@ TIMED = [
     ("engine.runtime.codec_runner", "CodecRunner", "submit", "codec_submit", lambda s, a: len(a[0])),
     ("engine.runtime.codec_runner", "CodecRunner", "completed", "codec_completed", None),
     ("engine.facade", "TTSEngine", "_prepare", "request_prepare", None),
-    ("engine.request_run", "RequestRun", "deliver", "deliver", lambda s, a: a[1]),
+    ("engine.core", "RequestRun", "deliver", "deliver", lambda s, a: a[1]),
 ]
 
 
