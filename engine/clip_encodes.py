@@ -11,7 +11,7 @@ next one, so a burst of new voices costs a few batched passes instead of one pas
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -20,9 +20,6 @@ from loguru import logger
 from .references import ReferenceCodeCache
 from .request import ReferenceClip
 from .runtime.reference_encoder import EncodeHandle, ReferenceEncoder
-
-if TYPE_CHECKING:
-    from .core import RequestRun
 
 ENCODE_POLL_S = 0.001  # how often an otherwise idle worker checks whether an encode has finished
 
@@ -57,7 +54,7 @@ def length_bucket(frames: int, chunk_frames: int) -> int:
 
 def start_batch(encoder: ReferenceEncoder, batch: list[ClipEncode]) -> None:
     """Start encoding the clips of `batch` together; a failure to start fails each of them (their
-    requests fail with it, see RequestRun.try_start)."""
+    requests fail with it, see VoiceWaiter.try_start)."""
     try:
         handles = encoder.start([encode.samples for encode in batch])
     except Exception as exc:
@@ -68,11 +65,22 @@ def start_batch(encoder: ReferenceEncoder, batch: list[ClipEncode]) -> None:
         encode.handle, encode.samples = handle, None
 
 
+class VoiceWaiter(Protocol):
+    """A request waiting for its clips' codes (core.RequestRun)."""
+
+    @property
+    def encodes(self) -> list[ClipEncode]: ...  # its clips' encodes still to finish
+
+    def try_start(self) -> bool: ...  # starts once every encode is ready; raises an encode's error
+
+    def fail(self, exc: BaseException) -> None: ...
+
+
 class ClipEncodeQueue:
     def __init__(self, encoder: ReferenceEncoder, cache: ReferenceCodeCache):
         self.encoder, self.cache = encoder, cache
         self._encoding: dict[str, ClipEncode] = {}  # clips being encoded or waiting to, by cache key
-        self._awaiting: list[RequestRun] = []  # requests waiting for their clips' codes
+        self._awaiting: list[VoiceWaiter] = []  # requests waiting for their clips' codes
         self.batches = 0  # batches started, and the clips in them (stats)
         self.clips = 0
 
@@ -99,11 +107,11 @@ class ClipEncodeQueue:
                 return self.cache.put(key, encode.result()).clone()
         return self._encoding[key]
 
-    def await_voice(self, run: RequestRun) -> None:
+    def await_voice(self, run: VoiceWaiter) -> None:
         """`run` starts once its reference clips are encoded (see `poll`)."""
         self._awaiting.append(run)
 
-    def poll(self, idle: bool) -> list[RequestRun]:
+    def poll(self, idle: bool) -> list[VoiceWaiter]:
         """Cache the codes of finished encodes and start the requests whose clips all are; returns
         the requests that stopped waiting (started, or finished meanwhile). idle=True (nothing else
         to step or decode): sleep a millisecond first when no encode has finished, rather than spin,
@@ -115,7 +123,7 @@ class ClipEncodeQueue:
                 if encode.ready():
                     del self._encoding[key]
                     self.cache.put(key, encode.result())
-            except Exception:  # its requests fail as they read it (RequestRun.try_start)
+            except Exception:  # its requests fail as they read it (VoiceWaiter.try_start)
                 self._encoding.pop(key, None)
                 logger.exception("encoding a reference clip failed")
         waiting, started = [], []
