@@ -51,6 +51,9 @@ class Metrics:
                                  registry=r)
         self.prefix_hits = Gauge(f"{PREFIX}_voice_prefix_hits", "Requests whose voice prefix KV was reused.",
                                  registry=r)
+        self.encode_batches = Gauge(f"{PREFIX}_reference_encode_batches", "Encoder passes over new reference clips "
+                                    "(several clips a pass when max_encode_batch is above 1).", registry=r)
+        self.encoded_clips = Gauge(f"{PREFIX}_reference_clips_encoded", "New reference clips encoded.", registry=r)
         self.frames_per_s = Gauge(f"{PREFIX}_frames_per_second", "Decode speed of the last request.", registry=r)
         self.memory = Gauge(f"{PREFIX}_memory_bytes", "Accelerator memory in use.", registry=r)
         self.peak_memory = Gauge(f"{PREFIX}_peak_memory_bytes", "Peak accelerator memory.", registry=r)
@@ -83,6 +86,9 @@ class Metrics:
         self.slots.set(stats.get("slots") or 0)
         self.slots_ready.set(stats.get("slots_ready") or 0)
         self.prefix_hits.set((stats.get("prefix_cache") or {}).get("hits") or 0)
+        encodes = stats.get("reference_encodes") or {}
+        self.encode_batches.set(encodes.get("batches") or 0)
+        self.encoded_clips.set(encodes.get("clips") or 0)
         self.frames_per_s.set(stats.get("frames_per_s") or 0)
         self.memory.set((stats.get("memory_gb") or 0) * _BYTES_PER_GB)
         self.peak_memory.set((stats.get("peak_memory_gb") or 0) * _BYTES_PER_GB)

@@ -482,7 +482,7 @@ def test_metrics_count_requests_errors_and_audio(http):
     assert _metric(text, "s1mini_ready") == 1
     assert _metric(text, "s1mini_frames_per_second") > 0
     for gauge in ("s1mini_requests_waiting", "s1mini_requests_running", "s1mini_memory_bytes",
-                  "s1mini_voice_prefix_hits"):
+                  "s1mini_voice_prefix_hits", "s1mini_reference_encode_batches", "s1mini_reference_clips_encoded"):
         _metric(text, gauge)
     assert _metric(text, "s1mini_sequence_slots") == 4  # auto on a CPU
     assert _metric(text, "s1mini_sequence_slots_ready") == 4
