@@ -4,8 +4,9 @@ sequences, steps the batch, and copies the frame counts back to the host.
 Admitted sequences prefill together: their voice prefixes first (copied from the prefix cache when
 it is there; the prefixes of new voices prefilled in one batched call, one sequence per voice, and
 stored at once, so that the admission's other sequences of those voices copy them), then every
-prompt's text in one batched call, then their rows of the decode state in one call. A call that fails for several sequences is tried for each alone, so that
-only a sequence whose own call fails fails.
+prompt's text in one batched call, then their rows of the decode state in one call. A call that
+fails for several sequences is tried for each alone, so that only a sequence whose own call fails
+fails.
 """
 
 from __future__ import annotations
@@ -141,6 +142,7 @@ class BatchRunner:
         if cached is None:
             self._prefill_prefixes([admission])
         return cached
+
 
 def _together_or_alone(group: list[Admission], call, what: str,
                        failed: list[tuple[Any, BaseException]]) -> list[Admission]:

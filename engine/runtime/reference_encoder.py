@@ -1,9 +1,9 @@
 """Reference clips -> codes, several clips in one pass, a fixed number of frames at a time; on CUDA
 each chunk of a batch is one graph replay.
 
-Clips that arrive together encode as the rows of one batch: a clip's chunk costs about as much GPU
-time alone as with a few others beside it (batch 1 leaves most of the GPU idle), so a burst of new
-voices takes a fraction of the time one after another would. The rows of a batch are padded to its
+Clips that arrive together can encode as the rows of one batch: batch 1 leaves most of the GPU
+idle, and a pass of 8 clips takes about four times as long as one clip alone, so a burst of new
+voices takes about half the GPU time it takes one clip after another. The rows of a batch are padded to its
 longest clip, whose chunks all rows step through; the caller groups clips of similar length
 (clip_encodes.length_bucket), so little of that is padding. Batch sizes are buckets (1, 2, 4, 8, ...)
 with a graph each; empty rows of a bucket encode silence, which nobody reads (the engine fills its
