@@ -527,8 +527,16 @@ def _distinct_clips(speech, gains):
     return [ReferenceInput((rate, samples * gain), "The quick brown fox.") for gain in gains]
 
 
-def test_by_default_new_voices_encode_one_at_a_time(fresh_engine, speech, monkeypatch):
-    eng = fresh_engine
+@pytest.fixture
+def one_at_a_time_engine(tmp_path):
+    eng = TTSEngine.from_config(EngineConfig(demo=True, cache_dir=str(tmp_path / "cache"),
+                                             voices_dir=str(tmp_path / "voices"), max_encode_batch=1))
+    yield eng
+    eng.close()
+
+
+def test_with_max_encode_batch_1_new_voices_encode_one_at_a_time(one_at_a_time_engine, speech, monkeypatch):
+    eng = one_at_a_time_engine
     released, starts = hold_encodes(eng, monkeypatch)
     refs = _distinct_clips(speech, (1.0, 0.8, 0.6))
     voiced = [in_background(eng.synthesize, f"Voiced {i}.", references=[ref], params=FAST) for i, ref in enumerate(refs)]
@@ -540,20 +548,12 @@ def test_by_default_new_voices_encode_one_at_a_time(fresh_engine, speech, monkey
     assert [len(batch) for batch in starts] == [1, 1, 1]
 
 
-@pytest.fixture
-def batching_engine(tmp_path):
-    eng = TTSEngine.from_config(EngineConfig(demo=True, cache_dir=str(tmp_path / "cache"),
-                                             voices_dir=str(tmp_path / "voices"), max_encode_batch=4))
-    yield eng
-    eng.close()
-
-
-def test_new_voices_that_arrive_while_a_batch_encodes_encode_together_by_length(batching_engine, speech, monkeypatch):
-    """With max_encode_batch above 1: the first new clip encodes at once, alone; the clips that
+def test_new_voices_that_arrive_while_a_batch_encodes_encode_together_by_length(fresh_engine, speech, monkeypatch):
+    """By default (max_encode_batch 4): the first new clip encodes at once, alone; the clips that
     arrive meanwhile wait for it and then encode as batches of clips of similar length (at most
     max_batch each), every request getting its voice."""
-    eng = batching_engine
-    assert eng._core.clip_encodes.encoder.max_batch == 4
+    eng = fresh_engine
+    assert eng._core.clip_encodes.encoder.max_batch == EngineConfig().max_encode_batch == 4
     encoder = eng._core.clip_encodes.encoder
     released, starts = hold_encodes(eng, monkeypatch)
     samples, rate = sf.read(speech.wav(), dtype="float32")
