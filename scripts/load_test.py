@@ -11,7 +11,8 @@ API's own request model, then TTSEngine.synthesize_stream), to tell the HTTP lay
 
 At each level, that many clients at once each send --requests-per-client streaming requests (raw
 PCM) back to back (--length-spread varies their lengths). Texts are unique; a third of the requests use one of two saved voices (shared:
-their prefix is reused), a third carry their own inline reference clip (distinct voices; --distinct-clips N reuses N of them), and the
+their prefix is reused), a third carry their own inline reference clip (distinct voices; --distinct-clips N reuses N of them; each run
+makes its clips from a --clip-seed of its own, so a second run against the same server sends none it has heard), and the
 rest use the model's own voice; each level also reports its percentiles per kind of voice. Per request: time to first audio (first PCM bytes at the client),
 real-time factor (wall time / audio duration), audio seconds, underrun (how long a listener who
 starts playing at the first audio would wait for more), and the error if any (429 answers are
@@ -24,6 +25,7 @@ import argparse
 import base64
 import io
 import json
+import secrets
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -40,7 +42,7 @@ SHARED_VOICES = ("loadtest-voice-a", "loadtest-voice-b")
 WARM_REQUESTS = 4  # requests 0..3: each kind of voice, both saved voices
 
 
-def tone_wav(seconds: float, pitch: float, seed: int) -> bytes:
+def tone_wav(seconds: float, pitch: float, seed: int | list[int]) -> bytes:
     """A voiced-like test signal as WAV bytes (stands in for a recording: the server only needs audio)."""
     import soundfile as sf
 
@@ -69,8 +71,8 @@ def shared_voice_clip(index: int, seconds: float) -> bytes:
     return tone_wav(seconds, 140 + 60 * index, index)
 
 
-def inline_clip(n: int, seconds: float) -> bytes:
-    return tone_wav(seconds, 110 + (n % 50) * 3, n)
+def inline_clip(n: int, seconds: float, clip_seed: int) -> bytes:
+    return tone_wav(seconds, 110 + (n % 50) * 3, [clip_seed, n])
 
 
 def clip_number(n: int, distinct_clips: int) -> int:
@@ -97,7 +99,7 @@ def request_body(n: int, args) -> dict:
     if kind == "saved_voice":
         body["reference_id"] = SHARED_VOICES[n % 2]
     elif kind == "inline_clip":
-        clip = inline_clip(clip_number(n, args.distinct_clips), args.reference_seconds)
+        clip = inline_clip(clip_number(n, args.distinct_clips), args.reference_seconds, args.clip_seed)
         body["references"] = [{"audio": base64.b64encode(clip).decode(), "text": INLINE_TRANSCRIPT}]
     return body
 
@@ -290,9 +292,14 @@ def main(argv=None) -> int:
                    help="inline clips cycle through this many (0: every request sends a clip the server has not "
                         "heard, encoded on arrival; N: after the first N, the server has each one's codes, as for "
                         "API clients that send their own voice with every request)")
+    p.add_argument("--clip-seed", type=int,
+                   help="the inline clips' seed (default: a new one each run, written to the report): the same seed "
+                        "sends the same clips again, which a server that heard them has cached")
     p.add_argument("--json", type=Path)
     p.add_argument("--html", type=Path)
     args = p.parse_args(argv)
+    if args.clip_seed is None:
+        args.clip_seed = secrets.randbelow(2**32)
     if not args.in_process and (args.weights or args.checkpoint or args.cache_dir or args.engine_option):
         p.error("--weights, --checkpoint, --cache-dir and --engine-option set up the engine of --in-process; "
                 "a server has its own")
@@ -309,7 +316,8 @@ def main(argv=None) -> int:
         results = run_in_process(settle_weights(p, args), levels)
     else:
         results = run_against_server(args, levels)
-    report = {"environment": environment(), "url": "in-process" if args.in_process else args.url, "levels": results}
+    report = {"environment": environment(), "url": "in-process" if args.in_process else args.url,
+              "clip_seed": args.clip_seed, "levels": results}
     write_reports(report, args.json, args.html, write_html)
     return 0
 

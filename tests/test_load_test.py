@@ -21,6 +21,8 @@ def test_load_test_drives_the_server_and_reports_each_level(tmp_path):
                                "--html", str(tmp_path / "load.html")]) == 0
     report = json.loads(out.read_text())
     assert [lv["streams"] for lv in report["levels"]] == [1, 3]
+    args = _Args()
+    args.clip_seed = report["clip_seed"]  # the run's own seed, chosen for it
     numbers = [r["n"] for lv in report["levels"] for r in lv["records"]]
     # Every measured request has its own text, seed and clip, none shared with the warm-up's.
     assert len(set(numbers)) == len(numbers) and min(numbers) >= load_test.WARM_REQUESTS
@@ -33,7 +35,7 @@ def test_load_test_drives_the_server_and_reports_each_level(tmp_path):
             times = [at for at, _ in record["arrivals"]]
             assert times == sorted(times) and abs(times[0] * 1000 - record["ttfa_ms"]) < 1.0
             assert abs(sum(seconds for _, seconds in record["arrivals"]) - record["audio_s"]) < 1e-3
-            body, kind = load_test.request_body(record["n"], _Args()), load_test.voice_kind(record["n"])
+            body, kind = load_test.request_body(record["n"], args), load_test.voice_kind(record["n"])
             assert ("reference_id" in body, "references" in body) == {
                 "saved_voice": (True, False), "inline_clip": (False, True), "no_voice": (False, False)}[kind]
         ran = {load_test.voice_kind(r["n"]) for r in level["records"]}
@@ -102,6 +104,7 @@ class _Args:
     reference_seconds = 1.0
     distinct_clips = 0
     length_spread = 0.0
+    clip_seed = 0
 
 
 def test_underrun_counts_the_waits_of_a_listener_playing_in_real_time():
@@ -125,6 +128,17 @@ def test_distinct_clips_bounds_the_inline_clips_a_level_sends():
     assert len(clips(7)) == 7
     with pytest.raises(SystemExit):
         load_test.main(["--distinct-clips", "-1"])
+
+
+def test_runs_with_other_clip_seeds_send_clips_the_server_has_not_heard():
+    def clips(seed):
+        args = _Args()
+        args.clip_seed = seed
+        return [load_test.request_body(n, args)["references"][0]["audio"]
+                for n in range(30) if load_test.voice_kind(n) == "inline_clip"]
+
+    assert clips(5) == clips(5)  # a seed sends the same clips again
+    assert not set(clips(5)) & set(clips(6))  # another seed, none of them
 
 
 def test_length_spread_varies_each_request_s_frames_the_same_way_on_every_run():
