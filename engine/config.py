@@ -72,9 +72,9 @@ class EngineConfig:
     admit_gather_steps: int = ADMIT_GATHER_STEPS
     admit_min_lead_s: float = ADMIT_MIN_LEAD_S
     # New reference clips encoded in one pass at most (capped by max_batch_size); 1 encodes them one
-    # at a time. A batch takes less GPU time per clip: beside 64 running streams that sent a new clip
-    # every third request, clips one at a time queued up faster than they encoded. Each batch size
-    # up to this one keeps a CUDA graph.
+    # at a time. A batch takes less GPU time per clip: beside 64 running streams that send a new clip
+    # every third request, clips wait less for their codes in batches. Each batch size up to this
+    # one keeps a CUDA graph.
     max_encode_batch: int = 4
     # Fused Triton kernels for the decode step's projections where they apply; False: compiled
     # matmuls (for comparisons).
