@@ -41,11 +41,15 @@ def tiny_checkpoint(s1_dir, codec_dir, tmp_path_factory):
     return assemble_checkpoint(s1_dir, codec_dir, tmp_path_factory.mktemp("ckpt") / "s1-tiny")
 
 
+def demo_engine(tmp_path, **options):
+    """A demo engine of its own, caching into tmp_path."""
+    return TTSEngine.from_config(EngineConfig(demo=True, cache_dir=str(tmp_path / "cache"),
+                                              voices_dir=str(tmp_path / "voices"), **options))
+
+
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory):
-    root = tmp_path_factory.mktemp("engine")
-    eng = TTSEngine.from_config(EngineConfig(demo=True, cache_dir=str(root / "cache"),
-                                             voices_dir=str(root / "voices"), max_text_length=500))
+    eng = demo_engine(tmp_path_factory.mktemp("engine"), max_text_length=500)
     yield eng
     eng.close()
 
@@ -246,8 +250,7 @@ def test_voice_clone_and_saved_voice(engine, speech):
 
 @pytest.mark.parametrize("exact", [False, True])
 def test_only_exact_sampling_keeps_the_vocabulary_wide_output_matrix(exact, tmp_path):
-    engine = TTSEngine.from_config(EngineConfig(demo=True, device="cpu", exact_sampling=exact,
-                                                cache_dir=str(tmp_path / "cache"), voices_dir=str(tmp_path / "voices")))
+    engine = demo_engine(tmp_path, device="cpu", exact_sampling=exact)
     try:
         model = engine.models.model
         assert (model.output is not None) == exact
@@ -357,8 +360,7 @@ def test_repo_id_without_network_explains_how_to_get_weights(monkeypatch, tmp_pa
 
 
 def test_int8_engine_speaks_and_gpu_only_quantization_is_refused_on_cpu(tmp_path):
-    eng = TTSEngine.from_config(EngineConfig(demo=True, quantize="int8", device="cpu", cache_dir=str(tmp_path / "cache"),
-                                             voices_dir=str(tmp_path / "voices")))
+    eng = demo_engine(tmp_path, quantize="int8", device="cpu")
     try:
         result = eng.synthesize("Quantized weights.", params=FAST)
         assert 0 < result.stats["frames"] and len(result.audio) == result.stats["frames"] * 2048
@@ -375,8 +377,7 @@ def test_a_failed_batch_capture_is_logged_and_the_engine_serves_on(failing, tmp_
     runner is staged with batch 1 captured and batch 2 to capture.)"""
     from engine.runtime.step_runner import StepRunner
 
-    engine = TTSEngine.from_config(EngineConfig(demo=True, cache_dir=str(tmp_path / "cache"),
-                                                voices_dir=str(tmp_path / "voices")))
+    engine = demo_engine(tmp_path)
     try:
         core = engine._core
         runner = core.runner
@@ -465,12 +466,10 @@ def test_the_engine_sets_the_gil_switch_interval_its_config_names(tmp_path):
     before = sys.getswitchinterval()
     try:
         sys.setswitchinterval(0.005)
-        eng = TTSEngine.from_config(EngineConfig(demo=True, cache_dir=str(tmp_path / "cache"),
-                                                 voices_dir=str(tmp_path / "voices"), switch_interval_ms=0.25))
+        eng = demo_engine(tmp_path, switch_interval_ms=0.25)
         eng.close()
         assert sys.getswitchinterval() == pytest.approx(0.00025)
-        eng = TTSEngine.from_config(EngineConfig(demo=True, cache_dir=str(tmp_path / "cache"),
-                                                 voices_dir=str(tmp_path / "voices"), switch_interval_ms=0))
+        eng = demo_engine(tmp_path, switch_interval_ms=0)
         eng.close()
         assert sys.getswitchinterval() == pytest.approx(0.00025)  # 0: left as it was
     finally:
@@ -479,8 +478,7 @@ def test_the_engine_sets_the_gil_switch_interval_its_config_names(tmp_path):
 
 @pytest.fixture
 def fresh_engine(tmp_path):
-    eng = TTSEngine.from_config(EngineConfig(demo=True, cache_dir=str(tmp_path / "cache"),
-                                             voices_dir=str(tmp_path / "voices")))
+    eng = demo_engine(tmp_path)
     yield eng
     eng.close()
 
@@ -529,8 +527,7 @@ def _distinct_clips(speech, gains):
 
 @pytest.fixture
 def one_at_a_time_engine(tmp_path):
-    eng = TTSEngine.from_config(EngineConfig(demo=True, cache_dir=str(tmp_path / "cache"),
-                                             voices_dir=str(tmp_path / "voices"), max_encode_batch=1))
+    eng = demo_engine(tmp_path, max_encode_batch=1)
     yield eng
     eng.close()
 
