@@ -73,8 +73,8 @@ class EngineConfig:
     admit_min_lead_s: float = ADMIT_MIN_LEAD_S
     # New reference clips encoded in one pass at most (capped by max_batch_size); 1 encodes them one
     # at a time. A batch takes less GPU time per clip: beside 64 running streams that send a new clip
-    # every third request, clips wait less for their codes in batches. Each batch size up to this
-    # one keeps a CUDA graph.
+    # every third request, clips wait less for their codes in batches. Each batch bucket (1, 2, 4,
+    # ... up to this) keeps a CUDA graph.
     max_encode_batch: int = 4
     # Fused Triton kernels for the decode step's projections where they apply; False: compiled
     # matmuls (for comparisons).
