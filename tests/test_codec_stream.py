@@ -360,26 +360,56 @@ def test_compiled_post_transformer_layers_are_traced_whole_once_for_every_shape(
     assert counter.frame_count == 2  # one row, then the dynamic graph for more
 
 
-def test_set_up_codec_compiles_the_post_transformer_only_with_triton_and_plain_weights(fixture_codec, monkeypatch):
+def test_set_up_codec_compiles_the_streamed_transformers_only_with_triton_and_plain_weights(fixture_codec, monkeypatch):
     pytest.importorskip("torchao")
     from engine.compilation import CompilePolicy as Policy
     from engine.model import conv_kernel
     from engine.quantization import quantize_codec
-    from engine.runtime.codec_runner import set_up_codec
+    from engine.runtime.codec_runner import set_up_codec, streamed_transformers
 
     monkeypatch.setattr(conv_kernel, "TRITON_OPS", conv_kernel.TORCH_OPS)  # stands in on a machine without Triton
     compiled, again, eager, int8 = (copy.deepcopy(fixture_codec) for _ in range(4))
     quantize_codec(int8, "int8")  # torchao's weights: the layers stay as written
     for codec, compiles in ((compiled, True), (again, True), (eager, False), (int8, True)):
         set_up_codec(codec, Policy(compile=compiles, cuda_graphs=True, reason="test"))
-    assert compiled.quantizer.post_module.stream_layer is not None
+    transformers = streamed_transformers(compiled)
+    # every transformer of the codec: the post-transformer, the encoder's and the pre-transformer
+    assert len(transformers) == 3 and set(map(id, transformers)) == {
+        id(m) for m in compiled.modules() if isinstance(m, WindowLimitedTransformer)}
+    layer = compiled.quantizer.post_module.stream_layer
     # one compiled function per policy: each wrapper's graphs would count against one recompile limit
-    assert again.quantizer.post_module.stream_layer is compiled.quantizer.post_module.stream_layer
-    assert eager.quantizer.post_module.stream_layer is None
+    assert layer is not None and all(m.stream_layer is layer for m in transformers)
+    assert all(m.stream_layer is layer for m in streamed_transformers(again))
+    assert all(m.stream_layer is None for m in streamed_transformers(eager))
     assert int8.quantizer.post_module.stream_layer is None
-    post = compiled.quantizer.post_module
-    others = [m for m in compiled.modules() if isinstance(m, WindowLimitedTransformer) and m is not post]
-    assert others and all(m.stream_layer is None for m in others)  # encoding keeps the reference's own ops
+
+
+def test_compiled_encode_path_layers_are_traced_whole_once_for_every_shape(fixture_codec):
+    """The encoder's and the pre-transformer's layers through one compiled layer_forward (traced
+    only: CompileCounter runs the graphs as traced), as the reference encoder runs them: batches of
+    one and of three clips, chunk after chunk. The same codes as the plain layers, and a graph per
+    head layout and row count (one row, then the dynamic one), not per layer or chunk: the fixture's
+    encoder and pre-transformer have projections of one shape but other heads, which must not turn
+    the head layout into symbols (a call would fail)."""
+    from torch._dynamo.testing import CompileCounter
+
+    from engine.runtime.codec_runner import streamed_transformers
+
+    torch._dynamo.reset()
+    counter = CompileCounter()
+    traced = copy.deepcopy(fixture_codec)
+    layer = compiled_layer_forward(counter)
+    for transformer in streamed_transformers(traced)[1:]:  # the encode path's
+        transformer.stream_layers_with(layer)
+    gen = torch.Generator().manual_seed(9)
+    frame_length = fixture_codec.config.frame_length
+    for rows in (1, 3):
+        audio = 0.3 * torch.randn(rows, 1, 12 * frame_length, generator=gen)
+        with torch.inference_mode():
+            assert torch.equal(encode_chunked(traced, audio, 4), encode_chunked(fixture_codec, audio, 4))
+    layouts = {(m.layers[0].attention.head_dim, m.layers[0].attention.wqkv.weight.shape)
+               for m in streamed_transformers(traced)[1:]}
+    assert counter.frame_count == 2 * len(layouts)
 
 
 @pytest.mark.gpu
@@ -404,6 +434,31 @@ def test_compiled_post_transformer_layers_decode_as_the_plain_ones_on_cuda(fixtu
     assert max_diff(compiled, reference) <= FP32_ATOL * max(1.0, reference.abs().max().item())
     errs = [rel_err(audio, reference) for audio in decoded[torch.bfloat16]]
     assert errs[1] <= 1.25 * errs[0] + 0.01, f"bf16 plain / compiled vs fp32: {errs}"
+
+
+@pytest.mark.gpu
+def test_compiled_encode_path_layers_give_the_codes_of_the_plain_ones_on_cuda(fixture_codec, no_tf32):
+    """Inductor's kernels for the encode path's transformer layers, as the engine compiles them,
+    against the plain layers, in fp32 as the engine encodes: the same codes up to VQ near-ties."""
+    from engine import compilation
+    from engine.runtime.codec_runner import streamed_transformers
+
+    policy = compilation.decide("on", torch.device("cuda"))
+    if not policy.compile:
+        pytest.skip(f"no compile on this CUDA machine: {policy.reason}")
+    torch._dynamo.reset()
+    plain = copy.deepcopy(fixture_codec).cuda()
+    compiled = copy.deepcopy(plain)
+    for transformer in streamed_transformers(compiled)[1:]:
+        transformer.stream_layers_with(compiled_layer_forward(policy.inductor_backend()))
+    gen = torch.Generator().manual_seed(10)
+    audio = (0.3 * torch.randn(2, 1, 24 * fixture_codec.config.frame_length, generator=gen)).cuda()
+    with torch.inference_mode():
+        expected = encode_chunked(plain, audio, 8)
+        got = encode_chunked(compiled, audio, 8)
+        for row in range(2):
+            margins = vq_margins(plain, audio[row:row + 1])
+            assert_same_codes_but_near_ties(got[row].cpu(), expected[row].cpu(), margins.cpu(), NEAR_TIE)
 
 
 # --- encoding in chunks (bounded memory for long reference clips) ---------------------------------

@@ -293,6 +293,7 @@ def compiled_layer_forward(backend) -> Callable:
         for tensor, dims in ((h, (0, 1)), (rope, (0, 1)), (mask, (0, 2, 3)), (k_cached, (0,)), (v_cached, (0,))):
             for dim in dims:  # rows; chunk length (the mask's keys: the cache's and the chunk's)
                 torch._dynamo.maybe_mark_dynamic(tensor, dim)
+        torch._dynamo.mark_static(rope, [2, 3])  # the head dim, which layer_forward reads the head layout from
         return compiled(h, rope, mask, k_cached, v_cached, w)
 
     return forward

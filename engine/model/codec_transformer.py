@@ -77,7 +77,6 @@ class LayerWeights:
     w3: Tensor
     w2: Tensor
     ffn_scale: Tensor | None
-    heads: tuple[int, int, int]  # query heads, key/value heads, head dim
     eps: float
 
 
@@ -99,7 +98,7 @@ def layer_weights(layer: TransformerLayer) -> LayerWeights:
                         "LayerScale or no layer scale: the codec's architecture changed")
     return LayerWeights(layer.attention_norm.weight, att.wqkv.weight, att.wo.weight, scale(layer.attention_layer_scale),
                         layer.ffn_norm.weight, ffn.w1.weight, ffn.w3.weight, ffn.w2.weight, scale(layer.ffn_layer_scale),
-                        (att.n_head, att.n_local_heads, att.head_dim), layer.attention_norm.eps)
+                        layer.attention_norm.eps)
 
 
 def layer_forward(h: Tensor, rope: Tensor, mask: Tensor, k_cached: Tensor | None, v_cached: Tensor | None,
@@ -109,8 +108,13 @@ def layer_forward(h: Tensor, rope: Tensor, mask: Tensor, k_cached: Tensor | None
     window - 1, head dim) before it (codec_stream). Returns (h after the layer, the last window - 1
     keys, and values): a streamed chunk's caches for the next one. A function of tensors alone, so
     that one torch.compile of it serves every layer (codec_stream.compiled_layer_forward)."""
-    (n_head, n_local_heads, head_dim), (B, n, _) = w.heads, h.shape
-    kv = n_local_heads * head_dim
+    # The head layout from shapes that stay static under torch.compile (the parameters', and the
+    # rope table's (..., head_dim / 2, 2)), not from ints: transformers of other layouts calling one
+    # compiled function would turn such ints into symbols.
+    head_dim, (B, n, _) = 2 * rope.shape[-2], h.shape
+    n_head = w.wo.shape[1] // head_dim
+    kv = (w.wqkv.shape[0] - w.wo.shape[1]) // 2
+    n_local_heads = kv // head_dim
     q, k, v = F.linear(rms_norm(h, w.attention_norm, w.eps), w.wqkv).split([n_head * head_dim, kv, kv], dim=-1)
     q = apply_rope(q.view(B, n, n_head, head_dim), rope).transpose(1, 2)
     k = apply_rope(k.view(B, n, n_local_heads, head_dim), rope).transpose(1, 2)
