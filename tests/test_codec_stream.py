@@ -382,6 +382,9 @@ def test_set_up_codec_compiles_the_streamed_transformers_only_with_triton_and_pl
     assert all(m.stream_layer is layer for m in streamed_transformers(again))
     assert all(m.stream_layer is None for m in streamed_transformers(eager))
     assert int8.quantizer.post_module.stream_layer is None
+    # the encoder's residual units fused with compiled pointwise passes, one set per policy
+    assert compiled.encoder.stream_pointwise is not None and again.encoder.stream_pointwise is compiled.encoder.stream_pointwise
+    assert eager.encoder.stream_pointwise is None
 
 
 def test_compiled_encode_path_layers_are_traced_whole_once_for_every_shape(fixture_codec):
@@ -436,12 +439,36 @@ def test_compiled_post_transformer_layers_decode_as_the_plain_ones_on_cuda(fixtu
     assert errs[1] <= 1.25 * errs[0] + 0.01, f"bf16 plain / compiled vs fp32: {errs}"
 
 
+def test_fused_encoder_residuals_with_compiled_passes_give_the_reference_codes(fixture_codec, codec_expected):
+    """The encoder's residual units fused, their pointwise passes through torch.compile (traced
+    only: CompileCounter runs the graphs as traced), as the engine encodes when it compiles: the
+    reference's codes wherever no VQ near-tie could flip (the fused passes round in another order),
+    batches of one and three rows, a graph per pass and row count, not per block or chunk."""
+    from torch._dynamo.testing import CompileCounter
+
+    from engine.model.codec_streamers import compiled_pointwise
+
+    torch._dynamo.reset()
+    counter = CompileCounter()
+    fused = copy.deepcopy(fixture_codec)
+    fused.encoder.stream_pointwise_with(compiled_pointwise(counter))
+    with torch.inference_mode():
+        for group in encode_groups(codec_expected):
+            audio = codec_expected[f"{group}_pcm16"].float() / 32768
+            expected, robust = codec_expected[f"{group}_codes"], codec_expected[f"{group}_codes_robust"]
+            for rows in (1, 3):
+                codes = encode_chunked(fused, audio.expand(rows, -1, -1).contiguous(), 4)
+                assert all(torch.equal(row[robust[0]], expected[0][robust[0]]) for row in codes), group
+    assert counter.frame_count == 2 * 3  # three passes, each for one row and for more, every block width
+
+
 @pytest.mark.gpu
-def test_compiled_encode_path_layers_give_the_codes_of_the_plain_ones_on_cuda(fixture_codec, no_tf32):
-    """Inductor's kernels for the encode path's transformer layers, as the engine compiles them,
-    against the plain layers, in fp32 as the engine encodes: the same codes up to VQ near-ties."""
+def test_compiled_encode_path_gives_the_codes_of_the_plain_one_on_cuda(fixture_codec, no_tf32):
+    """The encode path as the engine compiles it (set_up_codec: fused residual units with
+    Inductor's pointwise kernels, Inductor's transformer layers) against the plain modules, in fp32
+    as the engine encodes: the same codes up to VQ near-ties."""
     from engine import compilation
-    from engine.runtime.codec_runner import streamed_transformers
+    from engine.runtime.codec_runner import set_up_codec
 
     policy = compilation.decide("on", torch.device("cuda"))
     if not policy.compile:
@@ -449,8 +476,7 @@ def test_compiled_encode_path_layers_give_the_codes_of_the_plain_ones_on_cuda(fi
     torch._dynamo.reset()
     plain = copy.deepcopy(fixture_codec).cuda()
     compiled = copy.deepcopy(plain)
-    for transformer in streamed_transformers(compiled)[1:]:
-        transformer.stream_layers_with(compiled_layer_forward(policy.inductor_backend()))
+    set_up_codec(compiled, policy)
     gen = torch.Generator().manual_seed(10)
     audio = (0.3 * torch.randn(2, 1, 24 * fixture_codec.config.frame_length, generator=gen)).cuda()
     with torch.inference_mode():

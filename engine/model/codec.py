@@ -57,6 +57,12 @@ class Encoder(nn.Module):
             layers.append(EncoderBlock(dims[i], dims[i + 1], stride, cfg, n_layer))
         layers += [Snake1d(dims[-1], cfg.snake_eps), CausalConv1d(dims[-1], cfg.latent_dim, 3)]
         self.block = nn.Sequential(*layers)
+        self.stream_pointwise = None  # how streamed encoders run residual units (stream_pointwise_with)
+
+    def stream_pointwise_with(self, ops) -> None:
+        """Stream the residual units fused, with `ops` (codec_streamers.PointwiseOps) for their
+        pointwise passes, in the streaming encoders built after this call; None: the module's own ops."""
+        self.stream_pointwise = ops
 
     def forward(self, x: Tensor) -> Tensor:
         return self.block(x)

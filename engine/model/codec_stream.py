@@ -20,8 +20,9 @@ silently wrong.
 The decoder's residual units (most of its work) stream as convolutions without their biases and
 three pointwise passes: Snake into the dilated conv's left context, bias + Snake, bias + residual;
 the 1x1 conv is a matmul, which needs no layout change (cuDNN converts NCHW to NHWC and back around
-it). The encoder's units keep the module's own ops, so that reference codes stay the reference
-implementation's. With Triton on CUDA the engine streams the decoder channels-last instead
+it). The encoder's units keep the module's own ops, so that reference codes are the reference
+implementation's, unless the engine compiles them (Encoder.stream_pointwise_with): fused as the
+decoder's, each pass one kernel, the codes then equal up to VQ near-ties. With Triton on CUDA the engine streams the decoder channels-last instead
 (Decoder.use_channels_last, engine/model/channels_last_decoder.py): a residual unit is then two kernels.
 
 State lives in buffers of fixed shape updated in place, the transformer's position is a device
@@ -50,7 +51,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .codec import ModdedDAC
-from .codec_streamers import reserve_positions, streamer_for
+from .codec_streamers import EAGER_POINTWISE, reserve_positions, streamer_for
 from .stream_state import Rows
 
 __all__ = ["StreamingDecoder", "StreamingEncoder", "decode_chunked", "encode_chunked"]
@@ -79,7 +80,7 @@ class StreamingDecoder:
         q, base = codec.quantizer, cfg.quantizer_transformer.rope_base
         self._post = streamer_for(q.post_module, batch, base)
         self._up = streamer_for(q.upsample, batch, base)
-        self._dec = streamer_for(codec.decoder, batch, base, fuse_residuals=True)
+        self._dec = streamer_for(codec.decoder, batch, base, EAGER_POINTWISE)
 
     @property
     def frames(self) -> np.ndarray:
@@ -146,7 +147,8 @@ class StreamingEncoder:
     def __init__(self, codec: ModdedDAC, batch: int = 1):
         cfg, q = codec.config, codec.quantizer
         self.codec = codec
-        self._encoder = streamer_for(codec.encoder, batch, cfg.encoder_transformer.rope_base)
+        self._encoder = streamer_for(codec.encoder, batch, cfg.encoder_transformer.rope_base,
+                                     codec.encoder.stream_pointwise)
         self._downsample = streamer_for(q.downsample, batch, cfg.quantizer_transformer.rope_base)
         self._pre_module = streamer_for(q.pre_module, batch, cfg.quantizer_transformer.rope_base)
 

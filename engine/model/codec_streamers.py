@@ -4,6 +4,7 @@ each carries its state between calls, so that a stream of chunks equals one whol
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -89,26 +90,64 @@ class _Residual(Streamer):
         return [self.block]
 
 
+@dataclass(frozen=True)
+class PointwiseOps:
+    """The pointwise passes of a fused residual unit (codec_convs' functions, or those compiled)."""
+
+    context_snake: Callable  # (context, x, alpha, eps) -> cat(context, snake(x)) in time
+    biased_snake: Callable  # (x, bias, alpha, eps) -> snake(x + bias)
+    biased_residual: Callable  # (x, y, bias) -> x + (y + bias)
+
+
+EAGER_POINTWISE = PointwiseOps(context_snake, biased_snake, biased_residual)
+
+
+def compiled_pointwise(backend) -> PointwiseOps:
+    """The pointwise passes through torch.compile, each one kernel, one graph for every row count
+    above one, channel count and chunk length (marked dynamic; a size of 1 is a graph of its own). Make
+    one per process and backend (codec_runner.set_up_codec does): the graphs of every wrapper of a
+    function count against one recompile limit."""
+    def compiled(fn, dynamic_dims):
+        inner = torch.compile(fn, backend=backend, fullgraph=True)
+
+        def run(*args):
+            # The Snakes' alphas and the convs' biases as plain tensors: Dynamo keeps a parameter's
+            # shape static, which would pin the channel count and compile a graph per block width.
+            args = [a.detach() if isinstance(a, nn.Parameter) else a for a in args]
+            for tensor, dims in zip(args, dynamic_dims):
+                for dim in dims:
+                    torch._dynamo.maybe_mark_dynamic(tensor, dim)
+            return inner(*args)
+
+        return run
+
+    rows_channels_steps, per_channel = (0, 1, 2), (1,)
+    return PointwiseOps(compiled(context_snake, (rows_channels_steps, rows_channels_steps, per_channel)),
+                        compiled(biased_snake, (rows_channels_steps, (0,), per_channel)),
+                        compiled(biased_residual, (rows_channels_steps, rows_channels_steps, (0,))))
+
+
 class _FusedResidual(Streamer):
     """ResidualUnit x + conv1(snake(conv7(snake(x)))) with the pointwise work fused (module docstring)."""
 
-    def __init__(self, m: ResidualUnit, batch: int):
+    def __init__(self, m: ResidualUnit, batch: int, ops: PointwiseOps):
         first_snake, dilated, second_snake, pointwise = m.block
         convs = (dilated.conv, pointwise.conv)
         if (dilated.stride != 1 or pointwise.left_pad or conv_weight(pointwise.conv).shape[-1] != 1
                 or any(isinstance(c, nn.Conv1d) and (c.padding != (0,) or c.groups != 1) for c in convs)):
             raise TypeError("a fused residual unit expects an unpadded stride-1 causal conv, then a 1x1 conv")
-        self.m = m
+        self.m, self.ops = m, ops
         self.dilated = _Conv(dilated, batch)  # keeps the dilated conv's left context
 
     def step(self, x: Tensor, rows: Rows | None) -> Tensor:
         first_snake, dilated, second_snake, pointwise = self.m.block
+        ops = self.ops
         full = self.dilated.with_context(
-            x, rows, lambda context, new: context_snake(context, new, first_snake.alpha, first_snake.eps))
+            x, rows, lambda context, new: ops.context_snake(context, new, first_snake.alpha, first_snake.eps))
         y = _convolve_unbiased(dilated.conv, full)
-        y = biased_snake(y, dilated.conv.bias, second_snake.alpha, second_snake.eps)
+        y = ops.biased_snake(y, dilated.conv.bias, second_snake.alpha, second_snake.eps)
         y = torch.matmul(conv_weight(pointwise.conv).to(y.dtype)[..., 0], y)
-        return biased_residual(x, y, pointwise.conv.bias)
+        return ops.biased_residual(x, y, pointwise.conv.bias)
 
     def reset(self, rows: Rows | None) -> None:
         self.dilated.reset(rows)
@@ -299,10 +338,11 @@ def compiled_layer_forward(backend) -> Callable:
     return forward
 
 
-def streamer_for(m: nn.Module, batch: int, rope_base: float, fuse_residuals: bool = False) -> Streamer:
-    """m's streaming forward; fuse_residuals: residual units as _FusedResidual (the decoder's)."""
+def streamer_for(m: nn.Module, batch: int, rope_base: float, pointwise: PointwiseOps | None = None) -> Streamer:
+    """m's streaming forward; with `pointwise`, residual units as _FusedResidual with those passes
+    (the decoder's, and the encoder's when compiled), else as the module's own ops."""
     def inner(child: nn.Module) -> Streamer:
-        return streamer_for(child, batch, rope_base, fuse_residuals)
+        return streamer_for(child, batch, rope_base, pointwise)
 
     if isinstance(m, CausalConv1d):
         return _Conv(m, batch)
@@ -313,7 +353,7 @@ def streamer_for(m: nn.Module, batch: int, rope_base: float, fuse_residuals: boo
     if isinstance(m, WindowLimitedTransformer):
         return _Transformer(m, batch, rope_base)
     if isinstance(m, ResidualUnit):
-        return _FusedResidual(m, batch) if fuse_residuals else _Residual(inner(m.block))
+        return _FusedResidual(m, batch, pointwise) if pointwise is not None else _Residual(inner(m.block))
     if isinstance(m, (DecoderBlock, EncoderBlock, Encoder)):
         return inner(m.block)
     if isinstance(m, Decoder):

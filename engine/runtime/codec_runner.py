@@ -36,7 +36,7 @@ from loguru import logger
 
 from ..model.codec import ModdedDAC
 from ..model.codec_stream import StreamingDecoder
-from ..model.codec_streamers import compiled_layer_forward
+from ..model.codec_streamers import PointwiseOps, compiled_layer_forward, compiled_pointwise
 from ..model.codec_transformer import WindowLimitedTransformer
 from ..model.stream_state import Rows
 from ..model.tuned_conv import tune_convs, tuning
@@ -49,16 +49,19 @@ from .step_runner import bucket_for
 def set_up_codec(codec: ModdedDAC, policy) -> None:
     """Make the codec's streamed paths the ones the engine's graphs replay; call it before building
     the streaming decoders and encoders. When the policy compiles (CUDA with Triton): the decoder
-    streamed on channels-last activations by Triton kernels, and the layers of every transformer on
-    the streamed paths (the quantizer's post-transformer when decoding; the encoder's and the
-    quantizer's pre-transformer when encoding reference clips) compiled by Inductor (eager, one
-    layer is ~65 small kernels, most of a small call's GPU time), unless their weights are quantized
-    (every --quantize mode but none gives the codec's transformers int8 weights). Otherwise, with
-    CUDA graphs, the decoder's convolutions tuned per shape (timed while a CodecRunner captures)."""
+    streamed on channels-last activations by Triton kernels; the encoder's residual units fused, each
+    pointwise pass one compiled kernel (eagerly, a Snake is five passes over the largest tensors); and
+    the layers of every transformer on the streamed paths (the quantizer's post-transformer when
+    decoding; the encoder's and the quantizer's pre-transformer when encoding reference clips)
+    compiled by Inductor (eager, one layer is ~65 small kernels, most of a small call's GPU time),
+    unless their weights are quantized (every --quantize mode but none gives the codec's
+    transformers int8 weights). Otherwise, with CUDA graphs, the decoder's convolutions tuned per
+    shape (timed while a CodecRunner captures)."""
     if policy.compile:
         from ..model import conv_kernel
 
         codec.decoder.use_channels_last(conv_kernel.TRITON_OPS)
+        codec.encoder.stream_pointwise_with(_compiled_pointwise(policy))
         for transformer in streamed_transformers(codec):
             if all(type(p) is torch.nn.Parameter for p in transformer.parameters()):  # not torchao's tensors
                 transformer.stream_layers_with(_compiled_layers(policy))
@@ -72,6 +75,12 @@ def streamed_transformers(codec: ModdedDAC) -> list[WindowLimitedTransformer]:
     q = codec.quantizer
     encoder = [m for m in codec.encoder.modules() if isinstance(m, WindowLimitedTransformer)]
     return [q.post_module, *encoder, q.pre_module]
+
+
+@functools.cache
+def _compiled_pointwise(policy) -> PointwiseOps:
+    """The encoder's compiled pointwise passes, one set per policy and process (see compiled_pointwise)."""
+    return compiled_pointwise(policy.inductor_backend())
 
 
 @functools.cache
