@@ -22,8 +22,9 @@ three pointwise passes: Snake into the dilated conv's left context, bias + Snake
 the 1x1 conv is a matmul, which needs no layout change (cuDNN converts NCHW to NHWC and back around
 it). The encoder's units keep the module's own ops, so that reference codes are the reference
 implementation's, unless the engine compiles them (Encoder.stream_pointwise_with): fused as the
-decoder's, each pass one kernel, the codes then equal up to VQ near-ties. With Triton on CUDA the engine streams the decoder channels-last instead
-(Decoder.use_channels_last, engine/model/channels_last_decoder.py): a residual unit is then two kernels.
+decoder's, each pass one kernel, the codes then equal up to VQ near-ties. With Triton on CUDA the
+engine streams the decoder channels-last instead (Decoder.use_channels_last,
+engine/model/channels_last_decoder.py): a residual unit is then two kernels.
 
 State lives in buffers of fixed shape updated in place, the transformer's position is a device
 tensor, and the per-chunk path makes no host syncs, so a chunk of fixed size can be captured in a
