@@ -92,10 +92,8 @@ class CompilePolicy:
 
         def backend(graph, example_inputs):
             from torch._inductor.compile_fx import compile_fx
-            from torch._inductor.decomposition import select_decomp_table
 
-            decompositions = {**select_decomp_table(), torch.ops.aten.mm.default: single_row_matmul}
-            return compile_fx(graph, example_inputs, config_patches=options, decompositions=decompositions)
+            return compile_fx(graph, example_inputs, config_patches=options, decompositions=inductor_decompositions())
 
         return backend
 
@@ -179,6 +177,39 @@ def single_row_matmul(a: torch.Tensor, b: torch.Tensor):
     if not statically_known_true(a.shape[0] == 1):
         return NotImplemented  # batched rows (a dynamic batch size included): the regular matmul
     return (a.unsqueeze(2).float() * b.unsqueeze(0).float()).sum(dim=1).to(a.dtype)
+
+
+def inductor_decompositions(version: str | None = None) -> "DecompositionTable":
+    """Inductor's decompositions with single-row matmuls as multiply-and-sum (`version`: what the
+    table pickles with, see DecompositionTable)."""
+    return DecompositionTable()
+
+
+class DecompositionTable(dict):
+    """Inductor's own decomposition table and single_row_matmul, as compile_fx takes it.
+
+    From torch 2.13 compile_fx pickles the table it is given into the key of its FX graph cache and
+    into AOTAutograd's cache entries. About half of Inductor's own entries do not pickle, and with
+    them every compile bypassed both caches: each start compiled every graph again. This table
+    pickles as a call that rebuilds it, with a hash of single_row_matmul's source, so that a changed
+    decomposition changes the key. (torch 2.11 keeps the table out of the key; torch 2.12 wraps it in
+    a closure that never pickles, so there the caches stay bypassed.)"""
+
+    def __init__(self):
+        from torch._inductor.decomposition import select_decomp_table
+
+        super().__init__({**select_decomp_table(), torch.ops.aten.mm.default: single_row_matmul})
+
+    def __reduce__(self):
+        return inductor_decompositions, (_decomposition_version(),)
+
+
+@functools.cache
+def _decomposition_version() -> str:
+    import hashlib
+    import inspect
+
+    return hashlib.sha256(inspect.getsource(single_row_matmul).encode()).hexdigest()[:16]
 
 
 def decide(mode: str, device: torch.device, env: Environment | None = None,

@@ -1,7 +1,9 @@
 """The compile policy: every platform gets a decision and a reason, never a crash."""
 
 import dataclasses
+import json
 import os
+import pickle
 import shutil
 import subprocess
 import sys
@@ -247,6 +249,48 @@ def test_a_warm_start_compiles_no_triton_kernel_again(tmp_path):
     assert cold  # the engine cached its kernels under its cache dir
     compiled_again = start() - cold
     assert not compiled_again, f"the warm start compiled {sorted(compiled_again)}"
+
+
+# A region compiled with the engine's backend, in a process of its own; prints Inductor's counters.
+COMPILE_ONE_REGION = """
+import json, sys, torch
+sys.path.insert(0, sys.argv[1])
+from torch._dynamo.utils import counters
+from engine.compilation import CompilePolicy
+linear = torch.nn.Linear(32, 32)
+region = torch.compile(lambda x: torch.relu(linear(x)), backend=CompilePolicy(True, False, "test").inductor_backend(),
+                       fullgraph=True)
+with torch.inference_mode():
+    region(torch.randn(3, 32))
+print(json.dumps(dict(counters["inductor"])))
+"""
+
+
+@pytest.mark.skipif(torch.__version__.startswith("2.12."),
+                    reason="torch 2.12 wraps the decomposition table in a closure that never pickles: no FX graph cache")
+def test_the_next_start_loads_a_region_compiled_with_the_engines_backend_from_inductors_cache(tmp_path):
+    """From torch 2.13 the decomposition table is part of the FX graph cache's key: a table that does
+    not pickle made every compile bypass the cache, and each start compiled every graph again."""
+    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR")}
+    env["TORCHINDUCTOR_CACHE_DIR"] = str(tmp_path / "inductor")
+
+    def start() -> dict:
+        run = subprocess.run([sys.executable, "-c", COMPILE_ONE_REGION, str(ROOT)], capture_output=True, text=True,
+                             timeout=600, env=env)
+        assert run.returncode == 0, run.stderr[-3000:]
+        return json.loads(run.stdout.strip().splitlines()[-1])
+
+    cold, warm = start(), start()
+    assert cold.get("fxgraph_cache_miss") and not cold.get("fxgraph_cache_bypass"), cold
+    assert warm.get("fxgraph_cache_hit") and not warm.get("fxgraph_cache_miss"), warm
+
+
+def test_the_decomposition_table_pickles_as_a_rebuild_named_by_its_source():
+    table = compilation.inductor_decompositions()
+    assert table[torch.ops.aten.mm.default] is single_row_matmul and len(table) > 100
+    restored = pickle.loads(pickle.dumps(table))
+    assert restored == table
+    assert compilation._decomposition_version().encode() in pickle.dumps(table)
 
 
 def test_environment_detection_reports_this_machine():
