@@ -179,9 +179,8 @@ def single_row_matmul(a: torch.Tensor, b: torch.Tensor):
     return (a.unsqueeze(2).float() * b.unsqueeze(0).float()).sum(dim=1).to(a.dtype)
 
 
-def inductor_decompositions(version: str | None = None) -> "DecompositionTable":
-    """Inductor's decompositions with single-row matmuls as multiply-and-sum (`version`: what the
-    table pickles with, see DecompositionTable)."""
+def inductor_decompositions() -> "DecompositionTable":
+    """Inductor's decompositions with single-row matmuls as multiply-and-sum."""
     return DecompositionTable()
 
 
@@ -191,9 +190,9 @@ class DecompositionTable(dict):
     From torch 2.13 compile_fx pickles the table it is given into the key of its FX graph cache and
     into AOTAutograd's cache entries. About half of Inductor's own entries do not pickle, and with
     them every compile bypassed both caches: each start compiled every graph again. This table
-    pickles as a call that rebuilds it, with a hash of single_row_matmul's source, so that a changed
-    decomposition changes the key. (torch 2.11 keeps the table out of the key; torch 2.12 wraps it in
-    a closure that never pickles, so there the caches stay bypassed.)"""
+    pickles as a call that rebuilds it. (torch 2.11 keeps the table out of the key; torch 2.12 wraps
+    it in a closure that never pickles, so there the caches stay bypassed.) Neither cache keys the
+    decompositions' code: tag_compile_caches does."""
 
     def __init__(self):
         from torch._inductor.decomposition import select_decomp_table
@@ -201,7 +200,21 @@ class DecompositionTable(dict):
         super().__init__({**select_decomp_table(), torch.ops.aten.mm.default: single_row_matmul})
 
     def __reduce__(self):
-        return inductor_decompositions, (_decomposition_version(),)
+        return inductor_decompositions, ()
+
+
+def tag_compile_caches() -> None:
+    """Key Inductor's and AOTAutograd's caches by single_row_matmul's source too (torch's
+    cache_key_tag, beside a tag the user set): a cached graph was lowered with the decomposition of
+    its day, and neither cache would see a changed one."""
+    import torch.compiler.config as compiler_config
+
+    if not has_setting(compiler_config, "cache_key_tag"):
+        return _skipped(compiler_config.__name__, "cache_key_tag")
+    ours = f"s1-mini-decompositions-{_decomposition_version()}"
+    theirs = [tag for tag in compiler_config.cache_key_tag.split("+")
+              if tag and not tag.startswith("s1-mini-decompositions-")]
+    compiler_config.cache_key_tag = "+".join([*theirs, ours])
 
 
 @functools.cache
@@ -272,4 +285,5 @@ def configure_caches(cache_root: Path) -> dict[str, str]:
 
     apply_settings(inductor_config, {"fx_graph_cache": True, "autotune_local_cache": True})
     apply_settings(functorch_config, {"enable_autograd_cache": True})
+    tag_compile_caches()
     return dirs

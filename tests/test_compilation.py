@@ -256,7 +256,11 @@ COMPILE_ONE_REGION = """
 import json, sys, torch
 sys.path.insert(0, sys.argv[1])
 from torch._dynamo.utils import counters
+from engine import compilation
 from engine.compilation import CompilePolicy
+if len(sys.argv) > 2:  # stands in for a changed single_row_matmul
+    compilation._decomposition_version = lambda: sys.argv[2]
+compilation.tag_compile_caches()
 linear = torch.nn.Linear(32, 32)
 region = torch.compile(lambda x: torch.relu(linear(x)), backend=CompilePolicy(True, False, "test").inductor_backend(),
                        fullgraph=True)
@@ -270,27 +274,41 @@ print(json.dumps(dict(counters["inductor"])))
                     reason="torch 2.12 wraps the decomposition table in a closure that never pickles: no FX graph cache")
 def test_the_next_start_loads_a_region_compiled_with_the_engines_backend_from_inductors_cache(tmp_path):
     """From torch 2.13 the decomposition table is part of the FX graph cache's key: a table that does
-    not pickle made every compile bypass the cache, and each start compiled every graph again."""
+    not pickle made every compile bypass the cache, and each start compiled every graph again. A
+    changed decomposition misses (the cache key tag)."""
     env = {k: v for k, v in os.environ.items() if k not in ("TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR")}
     env["TORCHINDUCTOR_CACHE_DIR"] = str(tmp_path / "inductor")
 
-    def start() -> dict:
-        run = subprocess.run([sys.executable, "-c", COMPILE_ONE_REGION, str(ROOT)], capture_output=True, text=True,
-                             timeout=600, env=env)
+    def start(*decomposition_version: str) -> dict:
+        run = subprocess.run([sys.executable, "-c", COMPILE_ONE_REGION, str(ROOT), *decomposition_version],
+                             capture_output=True, text=True, timeout=600, env=env)
         assert run.returncode == 0, run.stderr[-3000:]
         return json.loads(run.stdout.strip().splitlines()[-1])
 
     cold, warm = start(), start()
     assert cold.get("fxgraph_cache_miss") and not cold.get("fxgraph_cache_bypass"), cold
     assert warm.get("fxgraph_cache_hit") and not warm.get("fxgraph_cache_miss"), warm
+    changed = start("another decomposition")
+    assert changed.get("fxgraph_cache_miss") and not changed.get("fxgraph_cache_hit"), changed
 
 
-def test_the_decomposition_table_pickles_as_a_rebuild_named_by_its_source():
+def test_the_decomposition_table_pickles_as_a_rebuild():
     table = compilation.inductor_decompositions()
     assert table[torch.ops.aten.mm.default] is single_row_matmul and len(table) > 100
-    restored = pickle.loads(pickle.dumps(table))
-    assert restored == table
-    assert compilation._decomposition_version().encode() in pickle.dumps(table)
+    assert pickle.loads(pickle.dumps(table)) == table
+
+
+def test_the_cache_key_tag_names_the_decompositions_beside_the_users_tag(monkeypatch):
+    import torch.compiler.config as compiler_config
+
+    ours = f"s1-mini-decompositions-{compilation._decomposition_version()}"
+    with compiler_config.patch(cache_key_tag="users-tag"):
+        compilation.tag_compile_caches()
+        compilation.tag_compile_caches()  # once, however often the engine starts
+        assert compiler_config.cache_key_tag == f"users-tag+{ours}"
+        monkeypatch.setattr(compilation, "_decomposition_version", lambda: "changed")
+        compilation.tag_compile_caches()
+        assert compiler_config.cache_key_tag == "users-tag+s1-mini-decompositions-changed"
 
 
 def test_environment_detection_reports_this_machine():
