@@ -1,5 +1,6 @@
-"""tools/profile_step.py and tools/profile_codec_calls.py: their pure parts on the CPU, a clear refusal
-without CUDA, and a run on the demo model on a GPU (a check of the tools, not a measurement)."""
+"""tools/profile_step.py, tools/profile_codec_calls.py and tools/profile_reference_encodes.py: their
+pure parts on the CPU, a clear refusal without CUDA, and a run on the demo model on a GPU (a check of
+the tools, not a measurement)."""
 
 import json
 import subprocess
@@ -12,6 +13,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tools"))
 import profile_codec_calls  # noqa: E402
+import profile_reference_encodes  # noqa: E402
 import profile_step  # noqa: E402
 
 
@@ -44,6 +46,13 @@ def test_profile_step_sets_the_inductor_config_it_is_given():
         profile_step.set_inductor_config("max_autotune")
 
 
+def test_the_encode_batches_are_distinct_sizes_of_at_least_one():
+    assert profile_reference_encodes.parse_batches("8,1,4,4") == [1, 4, 8]
+    for bad in ("0,2", "one", "1,,2"):
+        with pytest.raises(ValueError, match="--batches"):
+            profile_reference_encodes.parse_batches(bad)
+
+
 def test_the_kernel_kinds_are_counted_per_call_and_sorted_by_time():
     class Kernel:
         def __init__(self, name, device_time):
@@ -54,7 +63,8 @@ def test_the_kernel_kinds_are_counted_per_call_and_sorted_by_time():
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
-@pytest.mark.parametrize("tool", ["tools/profile_step.py", "tools/profile_codec_calls.py"])
+@pytest.mark.parametrize("tool", ["tools/profile_step.py", "tools/profile_codec_calls.py",
+                                  "tools/profile_reference_encodes.py"])
 def test_without_cuda_each_tool_says_it_needs_a_gpu(tool):
     run = run_tool(tool, "--weights", "demo", timeout=120)
     assert run.returncode == 2 and "needs a CUDA GPU" in run.stderr
@@ -86,3 +96,16 @@ def test_profile_codec_calls_times_each_bucket_and_the_parts_of_a_call(tmp_path)
     assert (part["rows"], part["frames"]) == (1, 4)
     for name in ("vq", "post_transformer", "upsample", "decoder"):
         assert part[name]["ms"] > 0 and part[name]["kernels"] > 0
+
+
+@pytest.mark.gpu
+def test_profile_reference_encodes_times_each_batch_and_compares_the_paths(tmp_path):
+    out = tmp_path / "encodes.json"
+    run = run_tool("tools/profile_reference_encodes.py", "--weights", "demo", "--seconds", "1", "--batches", "1,2",
+                   "--compare", "--json", str(out))
+    assert run.returncode == 0, run.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert [row["batch"] for row in report["batches"]] == [1, 2]
+    assert all(row["ms_per_pass"] > 0 and row["ms_per_clip"] == row["ms_per_pass"] / row["batch"] for row in report["batches"])
+    assert report["kernels_per_chunk"] > 0 and report["prepare_s"] > 0
+    assert set(report["equal_codes"]) == {"1", "2"} and all(0 <= share <= 1 for share in report["equal_codes"].values())

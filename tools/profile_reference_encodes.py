@@ -1,0 +1,137 @@
+#!/usr/bin/env python
+"""What encoding new reference clips costs on the GPU: the engine's ReferenceEncoder (a CUDA graph
+per batch bucket, replayed chunk by chunk on its own stream), its encode path set up as the engine
+sets it up (`--compile on`: set_up_codec, as with Triton) or as written (`--compile off`).
+
+    python tools/profile_reference_encodes.py --weights random [--seconds 10] [--batches 1,4,8] \
+        [--compile on|off] [--compare] [--json out.json]
+
+For each batch size: the wall time from start() to every clip's codes on the host (what the engine
+waits for), a pass and a clip; the kernels of one 32-frame chunk at batch 1 (torch.profiler, one
+eager step). --compare also encodes the same clips by the other path and reports the share of equal
+codes (with random weights VQ near-ties are many: a share below 1 there is not an error by itself;
+the GPU tests check the codes up to near-ties).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]  # the engine, and the scripts' shared options
+from weight_options import add_weight_options, parse_with_weights, weight_config  # noqa: E402
+
+REPEATS = 5
+SAMPLE_RATE = 44100
+
+
+def parse_batches(text: str) -> list[int]:
+    """"1,4,8" -> [1, 4, 8]: distinct batch sizes of at least 1, in order."""
+    try:
+        batches = sorted({int(b) for b in text.split(",")})
+    except ValueError:
+        raise ValueError(f"--batches takes comma-separated whole numbers such as 1,4,8, got {text!r}") from None
+    if batches[0] < 1:
+        raise ValueError(f"--batches must be at least 1, got {text!r}")
+    return batches
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_weight_options(p, demo=True)
+    p.add_argument("--seconds", type=float, default=10.0, help="length of each clip (noise), in seconds")
+    p.add_argument("--batches", default="1,4,8", help="batch sizes to time (comma-separated)")
+    p.add_argument("--compile", choices=["on", "off"], default="on",
+                   help="on: the encode path as the engine sets it up with Triton; off: as written")
+    p.add_argument("--compare", action="store_true", help="also encode by the other path and compare the codes")
+    p.add_argument("--json", type=Path)
+    args = parse_with_weights(p, argv)
+    try:
+        batches = parse_batches(args.batches)
+    except ValueError as exc:
+        p.error(str(exc))
+    if not 0 < args.seconds <= 60:
+        p.error(f"--seconds must lie in (0, 60], got {args.seconds}")
+
+    import numpy as np
+    import torch
+
+    if not torch.cuda.is_available():
+        p.error("needs a CUDA GPU: the encodes are timed as the CUDA graphs the engine replays")
+    from engine import compilation
+    from engine.config import EngineConfig
+    from engine.core import REFERENCE_CHUNK_FRAMES
+    from engine.loader import load_models
+
+    policy = compilation.decide("on", torch.device("cuda"))
+    if args.compile == "on" and not policy.compile:
+        p.error(f"--compile on needs what the engine compiles with: {policy.reason}")
+    codec = load_models(EngineConfig(**weight_config(args.weights, args.checkpoint), device="cuda")).codec
+    rng = np.random.default_rng(0)
+    clips = [(0.2 * rng.standard_normal(int(args.seconds * SAMPLE_RATE))).astype(np.float32) for _ in range(batches[-1])]
+
+    measured = encoder_report(codec, args.compile == "on", policy, clips, batches)
+    report = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "weights": args.weights,
+              "clip_seconds": args.seconds, "compile": args.compile, **measured}
+    for row in report["batches"]:
+        print(f"batch {row['batch']}: {row['ms_per_pass']:.1f} ms a pass, {row['ms_per_clip']:.1f} ms a clip")
+    print(f"{report['kernels_per_chunk']} kernels a {REFERENCE_CHUNK_FRAMES}-frame chunk; "
+          f"graphs compiled and captured in {report['prepare_s']:.1f} s")
+    if args.compare:
+        other = encoder_report(codec, args.compile != "on", policy, clips, batches, timed=False)
+        report["equal_codes"] = {str(b): float(np.concatenate([(x == y).ravel() for x, y in zip(mine, theirs)]).mean())
+                                 for b, mine, theirs in zip(batches, measured["codes"], other["codes"])}
+        print("equal codes with the other path: " + ", ".join(f"batch {b} {share:.4f}" for b, share in report["equal_codes"].items()))
+    del report["codes"]
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=1))
+    return 0
+
+
+def encoder_report(codec, compiled: bool, policy, clips, batches: list[int], timed: bool = True) -> dict:
+    """A ReferenceEncoder on a copy of codec, set up as the engine would (compiled or as written):
+    its graphs' set-up time, each batch's timings (when timed) and codes, kernels a chunk."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from engine.core import REFERENCE_CHUNK_FRAMES
+    from engine.runtime.codec_runner import set_up_codec
+    from engine.runtime.reference_encoder import ReferenceEncoder
+
+    codec = copy.deepcopy(codec)
+    if compiled:
+        set_up_codec(codec, policy)
+    frames = -(-len(clips[0]) // codec.config.frame_length)
+    encoder = ReferenceEncoder(codec, REFERENCE_CHUNK_FRAMES, max_frames=frames, max_batch=batches[-1])
+    prepare_s = encoder.prepare()
+    rows, codes = [], []
+    for batch in batches:
+        def encode():
+            return [handle.result().numpy() for handle in encoder.start(clips[:batch])]  # noqa: B023 (called here)
+        codes.append(encode())  # the first pass warms up (and is the one compared)
+        if timed:
+            started = time.perf_counter()
+            for _ in range(REPEATS):
+                encode()
+            ms = (time.perf_counter() - started) / REPEATS * 1e3
+            rows.append({"batch": batch, "ms_per_pass": ms, "ms_per_clip": ms / batch})
+    step = encoder._encoders[1]
+    chunk = torch.zeros(1, 1, encoder.chunk_samples, device="cuda")
+    with torch.inference_mode():
+        step.reset()
+        step.step(chunk)  # compiled code runs once before it is counted
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            step.step(chunk)
+            torch.cuda.synchronize()
+    kernels = sum(1 for e in prof.events() if e.device_type.name == "CUDA")
+    return {"prepare_s": prepare_s, "batches": rows, "kernels_per_chunk": kernels, "codes": codes}
+
+
+if __name__ == "__main__":
+    sys.exit(main())
