@@ -462,6 +462,34 @@ def test_fused_encoder_residuals_with_compiled_passes_give_the_reference_codes(f
     assert counter.frame_count == 2 * 3  # three passes, each for one row and for more, every block width
 
 
+def test_encode_path_compiled_by_inductor_gives_the_plain_codes_from_a_graph_per_pass_and_row_kind(fixture_codec):
+    """The encode path's compiled passes and layers lowered by Inductor itself (on the CPU here; the
+    GPU machines run one torch, CI the pinned and the newest, where Inductor's handling of dynamic
+    sizes changes): batches of one, three and two rows, then one again, with the plain path's codes
+    (fp32 on the CPU: the same sums in another order, so no near-tie flips in the fixture), from a
+    graph per pass and head layout for one row and one for more, not per row count, block or chunk."""
+    from engine.compilation import CompilePolicy
+    from engine.model.codec_streamers import compiled_pointwise
+    from engine.runtime.codec_runner import streamed_transformers
+
+    torch._dynamo.reset()
+    graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    backend = CompilePolicy(compile=True, cuda_graphs=False, reason="test", pdl=False).inductor_backend()
+    compiled = copy.deepcopy(fixture_codec)
+    compiled.encoder.stream_pointwise_with(compiled_pointwise(backend))
+    layer = compiled_layer_forward(backend)
+    for transformer in streamed_transformers(compiled)[1:]:  # the encode path's
+        transformer.stream_layers_with(layer)
+    gen = torch.Generator().manual_seed(9)
+    for rows in (1, 3, 2, 1):
+        audio = 0.3 * torch.randn(rows, 1, 12 * fixture_codec.config.frame_length, generator=gen)
+        with torch.inference_mode():
+            assert torch.equal(encode_chunked(compiled, audio, 4), encode_chunked(fixture_codec, audio, 4)), rows
+    layouts = {(m.layers[0].attention.head_dim, m.layers[0].attention.wqkv.weight.shape)
+               for m in streamed_transformers(compiled)[1:]}
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] - graphs == 2 * (3 + len(layouts))
+
+
 @pytest.mark.gpu
 def test_compiled_encode_path_gives_the_codes_of_the_plain_one_on_cuda(fixture_codec, no_tf32):
     """The encode path as the engine compiles it (set_up_codec: fused residual units with
