@@ -78,7 +78,9 @@ def measure_startup(settings: dict) -> dict:
             "warm_compile_s": warm["compile_s"], "warm_restart_s": warm["to_first_audio_s"],
             "warm_to_all_graphs_s": warm["to_all_graphs_s"],
             "load_s": warm["load_s"], "import_and_cuda_init_s": warm["import_and_cuda_init_s"],
-            "cold_torch_compile_s": cold.get("torch_compile_s", {}), "warm_torch_compile_s": warm.get("torch_compile_s", {})}
+            "cold_torch_compile_s": cold.get("torch_compile_s", {}), "warm_torch_compile_s": warm.get("torch_compile_s", {}),
+            "cold_compiled_functions": cold.get("compiled_functions", {}),
+            "warm_compiled_functions": warm.get("compiled_functions", {})}
 
 
 def startup_env(pycache_dir: str) -> dict:

@@ -35,6 +35,7 @@ def startup_phase(settings: dict, cache_dir: str) -> dict:
     from engine.facade import TTSEngine
     from engine.params import SamplingParams
 
+    keep_every_compile_record()
     if torch.cuda.is_available():
         torch.cuda.init()
     imported = time.perf_counter()
@@ -50,7 +51,8 @@ def startup_phase(settings: dict, cache_dir: str) -> dict:
     return {"import_and_cuda_init_s": imported - started, "load_s": loaded - started,
             "compile_s": prepare_s + rest_s, "first_request_compile_s": prepare_s,
             "prepare_wall_s": prepared - loaded, "to_first_audio_s": first_audio - started,
-            "to_all_graphs_s": all_graphs - started, "torch_compile_s": torch_compile_stages()}
+            "to_all_graphs_s": all_graphs - started, "torch_compile_s": torch_compile_stages(),
+            "compiled_functions": compiled_functions()}
 
 
 # Stages of torch.compile that Dynamo times (its own names), and ours for them.
@@ -67,6 +69,38 @@ def torch_compile_stages() -> dict:
 
         headers, values = compile_times(repr="csv", aggregate=True)
         return {COMPILE_STAGES[h]: round(float(v), 3) for h, v in zip(headers, values, strict=True) if h in COMPILE_STAGES}
+    except Exception as exc:  # a benchmark's side detail: reported, never worth failing the run
+        return {"unavailable": f"{type(exc).__name__}: {exc}"}
+
+
+def keep_every_compile_record() -> None:
+    """Dynamo keeps the records compiled_functions reads for its last 64 compiles only, fewer than a
+    start-up makes with every larger batch (a private API: nothing where it is missing)."""
+    try:
+        from torch._dynamo.utils import set_compilation_metrics_limit
+
+        set_compilation_metrics_limit(4096)
+    except Exception:  # compiled_functions then reports what Dynamo kept
+        pass
+
+
+def compiled_functions() -> dict:
+    """Per compiled function of this process, costliest first: its graphs (a compile each: every
+    specialisation and recompile) and the seconds they took, tracing and compiling or loading from
+    the caches, from Dynamo's records of each compile (a private API: {} where it is missing or has
+    changed)."""
+    try:
+        from torch._dynamo.utils import get_compilation_metrics
+
+        functions: dict[str, dict] = {}
+        for record in get_compilation_metrics():
+            if record.co_name is None or record.entire_frame_compile_time_s is None:
+                continue  # not a compile of a function (Dynamo also records other events)
+            entry = functions.setdefault(record.co_name, {"graphs": 0, "seconds": 0.0})
+            entry["graphs"] += 1
+            entry["seconds"] += record.entire_frame_compile_time_s
+        return {name: {"graphs": e["graphs"], "seconds": round(e["seconds"], 2)}
+                for name, e in sorted(functions.items(), key=lambda item: -item[1]["seconds"])}
     except Exception as exc:  # a benchmark's side detail: reported, never worth failing the run
         return {"unavailable": f"{type(exc).__name__}: {exc}"}
 

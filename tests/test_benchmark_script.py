@@ -28,7 +28,8 @@ def test_benchmark_reports_every_stable_name_with_a_side_by_side_configuration(t
     assert 0 < single["ttfa_ms_p50"] <= single["ttfa_ms_p95"] and single["ttfa_clone_ms_p50"] > 0
     assert set(report["memory"]) >= {"after_load_gb", "peak_gb"}  # None on a CPU: no device allocator
     assert report["startup"]["cold_compile_s"] >= 0 and report["startup"]["warm_restart_s"] > 0
-    assert report["startup"]["cold_torch_compile_s"] == {}  # the demo on a CPU runs eager: nothing compiled
+    # the demo on a CPU runs eager: nothing compiled
+    assert report["startup"]["cold_torch_compile_s"] == {} and report["startup"]["cold_compiled_functions"] == {}
     assert set(report["latency_ms"]) == {"short_text", "voice_clone_10s"}
     assert [c["name"] for c in report["configurations"]] == ["base", "max_batch_size=2"]
     for config in report["configurations"]:
@@ -71,6 +72,32 @@ def test_the_start_up_reports_the_stages_of_torch_compile():
     stages = benchmark_phases.torch_compile_stages()
     assert set(stages) <= set(benchmark_phases.COMPILE_STAGES.values()) and stages["all"] > 0
     assert all(0 <= seconds <= stages["all"] for seconds in stages.values())
+
+
+def test_the_start_up_reports_the_graphs_and_seconds_of_each_compiled_function():
+    import torch
+
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import benchmark_phases  # noqa: E402
+
+    def wave(x):
+        return (x.sin() * 2).sum()
+
+    def ramp(x):
+        return x.cumsum(0)
+
+    torch._dynamo.reset()
+    torch._dynamo.utils.clear_compilation_metrics()  # earlier tests' compiles in this process
+    benchmark_phases.keep_every_compile_record()
+    compiled_wave = torch.compile(wave, dynamic=False)
+    for size in (8, 16):  # static shapes: a graph each
+        compiled_wave(torch.randn(size))
+    torch.compile(ramp)(torch.randn(4))
+    functions = benchmark_phases.compiled_functions()
+    assert functions["wave"]["graphs"] == 2 and functions["ramp"]["graphs"] == 1
+    assert all(entry["seconds"] > 0 for entry in functions.values())
+    seconds = [entry["seconds"] for entry in functions.values()]
+    assert seconds == sorted(seconds, reverse=True)
 
 
 def test_the_reported_commit_says_when_the_tree_differs_from_it(tmp_path, monkeypatch):
