@@ -11,6 +11,7 @@ from __future__ import annotations
 import io
 import math
 import os
+import stat
 import struct
 from pathlib import Path
 from typing import Union
@@ -103,9 +104,13 @@ def _from_array(source: tuple, label: str) -> tuple[np.ndarray, int]:
 def _decode(source, label: str, max_seconds: float | None) -> tuple[np.ndarray, int]:
     if isinstance(source, (str, os.PathLike)):
         path = Path(source)
-        if not path.is_file():
+        try:  # one look at the file: it may go (a saved voice deleted) between two
+            status = path.stat()
+        except OSError:
+            status = None
+        if status is None or not stat.S_ISREG(status.st_mode):
             raise InputError(f"{label} was not found at {path} (or is not a file); check the path")
-        if path.stat().st_size == 0:
+        if status.st_size == 0:
             raise InputError(f"{label} is empty (0 bytes); record or upload the clip again")
         opener = lambda: str(path)  # noqa: E731 - both decoders take a path or a file object
     elif isinstance(source, (bytes, bytearray, memoryview)):

@@ -1,6 +1,8 @@
 """engine.audio: loading reference clips from every source and format, bad inputs, encoders."""
 
 import io
+import os
+import pathlib
 import shutil
 import subprocess
 
@@ -153,6 +155,26 @@ def test_empty_array():
 def test_missing_file(tmp_path):
     with pytest.raises(InputError, match="was not found"):
         load_audio(tmp_path / "nope.wav")
+
+
+def test_a_file_removed_while_it_is_read_is_a_clear_error_too(tmp_path, speech, monkeypatch):
+    """A saved voice deleted while a request reads its clip: the file goes right after load_audio
+    first looks at it. Still an InputError (the server answers 404 for a deleted voice), never an
+    OSError, which would be a 500."""
+    path = tmp_path / "going.wav"
+    sf.write(path, speech, SAMPLE_RATE)
+    looked_at = pathlib.Path.stat
+
+    def stat_then_remove(self, *args, **kwargs):
+        result = looked_at(self, *args, **kwargs)
+        if self == path and os.path.exists(path):
+            os.remove(path)
+        return result
+
+    monkeypatch.setattr(pathlib.Path, "stat", stat_then_remove)
+    with pytest.raises(InputError):
+        load_audio(path)
+    assert not os.path.exists(path)
 
 
 def test_silent_file(tmp_path):
