@@ -387,6 +387,14 @@ def test_set_up_codec_compiles_the_streamed_transformers_only_with_triton_and_pl
     assert eager.encoder.stream_pointwise is None
 
 
+def encode_path_head_layouts(codec) -> set:
+    """The head layouts of the encode path's transformers: each compiles graphs of its own."""
+    from engine.runtime.codec_runner import streamed_transformers
+
+    return {(m.layers[0].attention.head_dim, m.layers[0].attention.wqkv.weight.shape)
+            for m in streamed_transformers(codec)[1:]}
+
+
 def test_compiled_encode_path_layers_are_traced_whole_once_for_every_shape(fixture_codec):
     """The encoder's and the pre-transformer's layers through one compiled layer_forward (traced
     only: CompileCounter runs the graphs as traced), as the reference encoder runs them: batches of
@@ -410,9 +418,7 @@ def test_compiled_encode_path_layers_are_traced_whole_once_for_every_shape(fixtu
         audio = 0.3 * torch.randn(rows, 1, 12 * frame_length, generator=gen)
         with torch.inference_mode():
             assert torch.equal(encode_chunked(traced, audio, 4), encode_chunked(fixture_codec, audio, 4))
-    layouts = {(m.layers[0].attention.head_dim, m.layers[0].attention.wqkv.weight.shape)
-               for m in streamed_transformers(traced)[1:]}
-    assert counter.frame_count == 2 * len(layouts)
+    assert counter.frame_count == 2 * len(encode_path_head_layouts(traced))
 
 
 @pytest.mark.gpu
@@ -485,9 +491,8 @@ def test_encode_path_compiled_by_inductor_gives_the_plain_codes_from_a_graph_per
         audio = 0.3 * torch.randn(rows, 1, 12 * fixture_codec.config.frame_length, generator=gen)
         with torch.inference_mode():
             assert torch.equal(encode_chunked(compiled, audio, 4), encode_chunked(fixture_codec, audio, 4)), rows
-    layouts = {(m.layers[0].attention.head_dim, m.layers[0].attention.wqkv.weight.shape)
-               for m in streamed_transformers(compiled)[1:]}
-    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] - graphs == 2 * (3 + len(layouts))
+    passes, layouts = 3, len(encode_path_head_layouts(compiled))
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] - graphs == 2 * (passes + layouts)
 
 
 @pytest.mark.gpu
