@@ -93,7 +93,7 @@ class CompilePolicy:
         def backend(graph, example_inputs):
             from torch._inductor.compile_fx import compile_fx
 
-            return compile_fx(graph, example_inputs, config_patches=options, decompositions=inductor_decompositions())
+            return compile_fx(graph, example_inputs, config_patches=options, decompositions=DecompositionTable())
 
         return backend
 
@@ -179,13 +179,9 @@ def single_row_matmul(a: torch.Tensor, b: torch.Tensor):
     return (a.unsqueeze(2).float() * b.unsqueeze(0).float()).sum(dim=1).to(a.dtype)
 
 
-def inductor_decompositions() -> "DecompositionTable":
-    """Inductor's decompositions with single-row matmuls as multiply-and-sum."""
-    return DecompositionTable()
-
-
 class DecompositionTable(dict):
-    """Inductor's own decomposition table and single_row_matmul, as compile_fx takes it.
+    """Inductor's own decomposition table with single-row matmuls as multiply-and-sum
+    (single_row_matmul), as compile_fx takes it.
 
     From torch 2.13 compile_fx pickles the table it is given into the key of its FX graph cache and
     into AOTAutograd's cache entries. About half of Inductor's own entries do not pickle, and with
@@ -200,7 +196,7 @@ class DecompositionTable(dict):
         super().__init__({**select_decomp_table(), torch.ops.aten.mm.default: single_row_matmul})
 
     def __reduce__(self):
-        return inductor_decompositions, ()
+        return DecompositionTable, ()
 
 
 def tag_compile_caches() -> None:

@@ -293,7 +293,7 @@ def test_the_next_start_loads_a_region_compiled_with_the_engines_backend_from_in
 
 
 def test_the_decomposition_table_pickles_as_a_rebuild():
-    table = compilation.inductor_decompositions()
+    table = compilation.DecompositionTable()
     assert table[torch.ops.aten.mm.default] is single_row_matmul and len(table) > 100
     assert pickle.loads(pickle.dumps(table)) == table
 

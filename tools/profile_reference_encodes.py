@@ -27,7 +27,6 @@ sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]  # the engine, and the scripts
 from weight_options import add_weight_options, parse_with_weights, weight_config  # noqa: E402
 
 REPEATS = 5
-SAMPLE_RATE = 44100
 
 
 def parse_batches(text: str) -> list[int]:
@@ -73,7 +72,7 @@ def main(argv=None) -> int:
         p.error(f"--compile on needs what the engine compiles with: {policy.reason}")
     codec = load_models(EngineConfig(**weight_config(args.weights, args.checkpoint), device="cuda")).codec
     rng = np.random.default_rng(0)
-    clips = [(0.2 * rng.standard_normal(int(args.seconds * SAMPLE_RATE))).astype(np.float32) for _ in range(batches[-1])]
+    clips = [(0.2 * rng.standard_normal(int(args.seconds * codec.config.sample_rate))).astype(np.float32) for _ in range(batches[-1])]
 
     measured = encoder_report(codec, args.compile == "on", policy, clips, batches)
     report = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "weights": args.weights,
