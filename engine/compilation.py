@@ -3,8 +3,9 @@
 - CUDA: the step is captured as CUDA graphs (one replay per frame); with Triton and compile on, the
   captured step is the torch.compile'd one, otherwise the eager one (graphs need no Triton).
 - CPU and MPS: eager, no graphs.
-Compiled artefacts (Inductor FX graphs, AOT autograd, Triton kernels) persist under the cache dir,
-so a restart with a warm cache does not recompile.
+Compiled artefacts (Inductor FX graphs, AOT autograd, Triton kernels, and Dynamo's traced regions:
+compiled_regions) persist under the cache dir, so a restart with a warm cache neither compiles nor
+traces again.
 
 Every Inductor, Dynamo and functorch setting made here is looked up first (supported_settings): torch
 adds, renames and drops them between releases, and a setting this torch lacks is skipped with one
@@ -23,6 +24,7 @@ from pathlib import Path
 import torch
 from loguru import logger
 
+from . import compiled_regions
 from .config import pdl_requested, use_cache_dirs
 from .errors import DeviceError
 
@@ -86,21 +88,29 @@ class CompilePolicy:
             options["pattern_matcher"] = False
         return supported_settings(inductor_config, options)
 
-    def inductor_backend(self):
+    def inductor_backend(self) -> "InductorBackend":
         """torch.compile backend of the compiled regions: Inductor with single-row matmuls decomposed."""
-        options = self.inductor_options
-
-        def backend(graph, example_inputs):
-            from torch._inductor.compile_fx import compile_fx
-
-            return compile_fx(graph, example_inputs, config_patches=options, decompositions=DecompositionTable())
-
-        return backend
+        return InductorBackend(self.inductor_options)
 
     def describe(self) -> str:
         mode = f"torch.compile ({self.mode}) + CUDA graphs" if self.compile and self.cuda_graphs else (
             "eager + CUDA graphs" if self.cuda_graphs else "eager")
         return f"{mode} ({self.reason})"
+
+
+class InductorBackend:
+    """torch.compile backend: Inductor with these settings and single-row matmuls decomposed
+    (DecompositionTable). store_key names what it compiles a graph into, for the compiled regions'
+    store (compiled_regions)."""
+
+    def __init__(self, options: dict):
+        self.options = options
+        self.store_key = f"torch {torch.__version__}|{sorted(options.items())}|{_decomposition_version()}"
+
+    def __call__(self, graph, example_inputs):
+        from torch._inductor.compile_fx import compile_fx
+
+        return compile_fx(graph, example_inputs, config_patches=self.options, decompositions=DecompositionTable())
 
 
 @functools.cache
@@ -282,4 +292,5 @@ def configure_caches(cache_root: Path) -> dict[str, str]:
     apply_settings(inductor_config, {"fx_graph_cache": True, "autotune_local_cache": True})
     apply_settings(functorch_config, {"enable_autograd_cache": True})
     tag_compile_caches()
+    compiled_regions.use_store(cache_root / "regions")
     return dirs

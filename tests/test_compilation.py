@@ -323,3 +323,65 @@ def test_kv_buckets_cover_every_length_up_to_capacity():
     assert [bucket_for(n, sizes) for n in (1, 256, 257, 4096)] == [256, 256, 512, 4096]
     with pytest.raises(ValueError):
         bucket_for(4097, sizes)
+
+
+# The engine's compiled residual sum (codec_streamers.compiled_pointwise) in a process of its own,
+# with its regions stored under argv[2]; argv[3]: how many of the calls below to make (the last one
+# is a dtype no earlier call had); with argv[4], the function compiled with another backend after.
+# Prints the graphs Dynamo traced and the marks left on an input.
+START_WITH_STORED_REGIONS = """
+import json, sys, torch
+from pathlib import Path
+sys.path.insert(0, sys.argv[1])
+from torch._dynamo.utils import counters
+from engine import compiled_regions
+from engine.compilation import CompilePolicy
+from engine.model.codec_convs import biased_residual
+from engine.model.codec_streamers import compiled_pointwise
+compiled_regions.use_store(Path(sys.argv[2]))
+ops = compiled_pointwise(CompilePolicy(True, False, "test", pdl=False).inductor_backend())
+gen = torch.Generator().manual_seed(0)
+calls = [(1, 8, 5, torch.float32), (3, 8, 5, torch.float32), (2, 16, 7, torch.float32), (3, 8, 5, torch.float64)]
+with torch.inference_mode():
+    for rows, channels, steps, dtype in calls[: int(sys.argv[3])]:
+        x, y = (torch.randn(rows, channels, steps, generator=gen, dtype=dtype) for _ in range(2))
+        bias = torch.randn(channels, generator=gen, dtype=dtype)
+        torch.testing.assert_close(ops.biased_residual(x, y, bias), biased_residual(x, y, bias), rtol=0, atol=0)
+result = {"graphs": counters["stats"]["unique_graphs"],
+          "marks": [m for m in compiled_regions.DIMENSION_MARKS if hasattr(x, m)]}
+if len(sys.argv) > 4:  # the same function compiled with another backend
+    from torch._dynamo.testing import CompileCounter
+    counter = CompileCounter()
+    with torch.inference_mode():
+        compiled_regions.compile_region(biased_residual, counter)(x, y, bias)
+    result["other_backend_graphs"] = counter.frame_count
+print(json.dumps(result))
+"""
+
+
+def test_a_restart_runs_the_stored_regions_without_tracing_them_again(tmp_path):
+    """Dynamo traces every compiled region again at each start, even when Inductor's cache holds its
+    graphs; the region store saves them whole. A second start traces nothing (its calls unmarked,
+    the saved guards take no dimension marks); a call no stored graph takes compiles one, which the
+    next start loads too; a store file that does not load makes the region trace again. The stored
+    graphs serve no compile of the function with another backend."""
+    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR")}
+    env["TORCHINDUCTOR_CACHE_DIR"] = str(tmp_path / "inductor")
+    store = tmp_path / "regions"
+
+    def start(calls: int, *other_backend: str) -> dict:
+        run = subprocess.run([sys.executable, "-c", START_WITH_STORED_REGIONS, str(ROOT), str(store), str(calls),
+                              *other_backend],
+                             capture_output=True, text=True, timeout=600, env=env)
+        assert run.returncode == 0, run.stderr[-3000:]
+        return json.loads(run.stdout.strip().splitlines()[-1])
+
+    assert start(3)["graphs"] == 2  # one row, and every row count, channel count and length above it
+    assert start(3) == {"graphs": 0, "marks": []}
+    assert start(4) == {"graphs": 1, "marks": []}  # float64: compiled and stored beside the others
+    assert start(4) == {"graphs": 0, "marks": []}
+    assert start(4, "other backend")["other_backend_graphs"] == 1
+    [entry] = store.glob("*biased_residual*/entry")
+    entry.write_bytes(b"not a package")
+    assert start(4)["graphs"] == 3
+    assert start(4)["graphs"] == 0

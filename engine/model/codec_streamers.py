@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..compiled_regions import compile_region
 from .channels_last_decoder import ChannelsLastDecoder
 from .codec import Decoder, DecoderBlock, Encoder, EncoderBlock
 from .codec_convs import (
@@ -108,16 +109,18 @@ def compiled_pointwise(backend) -> PointwiseOps:
     one per process and backend (codec_runner.set_up_codec does): the graphs of every wrapper of a
     function count against one recompile limit."""
     def compiled(fn, dynamic_dims):
-        inner = torch.compile(fn, backend=backend, fullgraph=True)
+        def mark(args) -> list[Tensor]:
+            for tensor, dims in zip(args, dynamic_dims):
+                for dim in dims:
+                    torch._dynamo.maybe_mark_dynamic(tensor, dim)
+            return list(args)
+
+        inner = compile_region(fn, backend, mark)
 
         def run(*args):
             # The Snakes' alphas and the convs' biases as plain tensors: Dynamo keeps a parameter's
             # shape static, which would pin the channel count and compile a graph per block width.
-            args = [a.detach() if isinstance(a, nn.Parameter) else a for a in args]
-            for tensor, dims in zip(args, dynamic_dims):
-                for dim in dims:
-                    torch._dynamo.maybe_mark_dynamic(tensor, dim)
-            return inner(*args)
+            return inner(*(a.detach() if isinstance(a, nn.Parameter) else a for a in args))
 
         return run
 
@@ -326,16 +329,15 @@ def compiled_layer_forward(backend) -> Callable:
     does a call outside inference mode. Every wrapper's graphs count against one recompile limit
     (Dynamo keeps them on layer_forward's code; past the limit, fullgraph makes a call fail), so
     make one wrapper per process and backend (codec_runner.set_up_codec does)."""
-    compiled = torch.compile(layer_forward, backend=backend, fullgraph=True)
-
-    def forward(h: Tensor, rope: Tensor, mask: Tensor, k_cached: Tensor, v_cached: Tensor, w: LayerWeights):
+    def mark(args) -> list[Tensor]:
+        h, rope, mask, k_cached, v_cached, _ = args
         for tensor, dims in ((h, (0, 1)), (rope, (0, 1)), (mask, (0, 2, 3)), (k_cached, (0,)), (v_cached, (0,))):
             for dim in dims:  # rows; chunk length (the mask's keys: the cache's and the chunk's)
                 torch._dynamo.maybe_mark_dynamic(tensor, dim)
         torch._dynamo.mark_static(rope, [2, 3])  # the head dim, which layer_forward reads the head layout from
-        return compiled(h, rope, mask, k_cached, v_cached, w)
+        return [h, rope, mask, k_cached, v_cached]
 
-    return forward
+    return compile_region(layer_forward, backend, mark)
 
 
 def streamer_for(m: nn.Module, batch: int, rope_base: float, pointwise: PointwiseOps | None = None) -> Streamer:

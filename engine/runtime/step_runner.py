@@ -18,6 +18,7 @@ from torch import Tensor
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from ..compilation import CompilePolicy, raise_recompile_limit
+from ..compiled_regions import Mark, compile_region
 from ..model.dual_ar import DualARTransformer, KVView, call_block, embed_and_rotation, fused_norm_then_linear
 from .cuda_graphs import capture
 from .decode_step import DecodeState, decode_step, record_frame
@@ -52,24 +53,23 @@ def bucket_for(n: int, sizes: list[int]) -> int:
     raise ValueError(f"{n} exceeds the largest bucket {sizes[-1]}")
 
 
-def _length_generic(compiled_block, batch: bool = False):
-    """Mark the sequence length of a prefill block's inputs dynamic before calling it, and with
-    batch=True their batch size too. The KV storage's length is dynamic as well: the slots' and
-    the prefill graphs' staging rows (PrefillGraphs) differ, and share one compiled graph."""
+def _length_marks(batch: bool = False) -> Mark:
+    """Marks the sequence length of a prefill block's inputs dynamic, and with batch=True their
+    batch size too. The KV storage's length is dynamic as well: the slots' and the prefill graphs'
+    staging rows (PrefillGraphs) differ, and share one compiled graph."""
 
-    def run(layer, x, rope, kv):
-        for tensor, dim in ((x, 1), (rope, 1), (kv.positions, 1), (kv.key_positions, 0), (kv.k, 2), (kv.v, 2)):
-            torch._dynamo.maybe_mark_dynamic(tensor, dim)
+    def mark(args) -> list[Tensor]:
+        _, x, rope, kv = args
+        dims = [(x, 1), (rope, 1), (kv.positions, 1), (kv.key_positions, 0), (kv.k, 2), (kv.v, 2)]
         if kv.mask is not None:
-            torch._dynamo.maybe_mark_dynamic(kv.mask, 2)
-            torch._dynamo.maybe_mark_dynamic(kv.mask, 3)
+            dims += [(kv.mask, 2), (kv.mask, 3)]
         if batch:
-            for tensor in (x, rope, kv.positions, kv.k, kv.v, kv.mask):
-                if tensor is not None:
-                    torch._dynamo.maybe_mark_dynamic(tensor, 0)
-        return compiled_block(layer, x, rope, kv)
+            dims += [(tensor, 0) for tensor in (x, rope, kv.positions, kv.k, kv.v, kv.mask) if tensor is not None]
+        for tensor, dim in dims:
+            torch._dynamo.maybe_mark_dynamic(tensor, dim)
+        return [tensor for tensor, _ in dims]
 
-    return run
+    return mark
 
 
 # Four compiled regions that run the same block call. Dynamo keeps compiled graphs per code object,
@@ -98,23 +98,22 @@ def _tensors(value):
             yield from _tensors(getattr(value, f.name))
 
 
-def _leading_dims_generic(compiled_fn):
-    """Mark dim 0 of every tensor argument dynamic when it is above 1 before calling compiled_fn.
+def _mark_leading_dims(args) -> list[Tensor]:
+    """Marks dim 0 of every tensor argument dynamic when it is above 1.
 
     Dim 0 is the batch (or, for key positions, the kv length): one compiled graph then serves every
     batch bucket and kv bucket instead of one per size (size 1 keeps its own specialised graph, and
     so does a kv length equal to the cache capacity)."""
-
-    def run(*args):
-        for arg in args:
-            for tensor in _tensors(arg):
-                if tensor.dim() and tensor.shape[0] > 1:
-                    torch._dynamo.maybe_mark_dynamic(tensor, 0)
-            if isinstance(arg, KVView) and arg.mask is not None and arg.mask.shape[-1] > 1:
-                torch._dynamo.maybe_mark_dynamic(arg.mask, 3)  # the kv length, like key_positions
-        return compiled_fn(*args)
-
-    return run
+    marked = []
+    for arg in args:
+        for tensor in _tensors(arg):
+            if tensor.dim() and tensor.shape[0] > 1:
+                torch._dynamo.maybe_mark_dynamic(tensor, 0)
+                marked.append(tensor)
+        if isinstance(arg, KVView) and arg.mask is not None and arg.mask.shape[-1] > 1:
+            torch._dynamo.maybe_mark_dynamic(arg.mask, 3)  # the kv length, like key_positions
+            marked.append(arg.mask)
+    return marked
 
 
 class StepRunner:
@@ -158,7 +157,7 @@ class StepRunner:
             raise_recompile_limit(RECOMPILE_LIMIT)
 
             def compiled(fn):
-                return _leading_dims_generic(torch.compile(fn, fullgraph=True, backend=backend))
+                return compile_region(fn, backend, _mark_leading_dims)
 
             ops = StepOps(compiled(_slow_block), compiled(_fast_block), compiled(sample_first_code),
                           compiled(sample_and_embed), embed=compiled(embed_and_rotation), record=compiled(record_frame),
@@ -174,9 +173,9 @@ class StepRunner:
             # Prefill lengths vary: no max-autotune (autotuning every length would take minutes),
             # length-generic from its first call (one compile instead of a static one, then another).
             prefill_backend = dataclasses.replace(self.policy, mode="default").inductor_backend()
-            self.prefill_block = _length_generic(torch.compile(_prefill_block, fullgraph=True, backend=prefill_backend))
-            self._pending_batched_prefill = _length_generic(
-                torch.compile(_batched_prefill_block, fullgraph=True, backend=prefill_backend), batch=True)
+            self.prefill_block = compile_region(_prefill_block, prefill_backend, _length_marks())
+            self._pending_batched_prefill = compile_region(_batched_prefill_block, prefill_backend,
+                                                           _length_marks(batch=True))
         self.ops = ops  # gains its side stream with the graph stream (_graph_stream)
 
         def step(state: DecodeState, key_positions: Tensor) -> None:

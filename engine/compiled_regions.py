@@ -1,0 +1,193 @@
+"""torch.compile for the engine's compiled regions, whose graphs a restart loads whole.
+
+Inductor's and AOTAutograd's caches spare a restart the compiling, but Dynamo still traces every
+region's Python again, at every start: most of a warm start. Dynamo's precompile (CompilePackage and
+DiskDynamoStore, private APIs of the same shape in torch 2.10 to 2.14) saves what a region compiled
+(its guards, bytecode and Inductor's output) and installs it at the next start, untraced. The
+engine's regions are free functions whose modules, weights and state come in as arguments, which
+is what that API can save.
+
+What shapes this module:
+- Guards are rebuilt at install with the grad mode in force then, not the one saved (torch issue
+  175025, fixed in 2.14): packages install under inference mode, where the engine calls its regions.
+- From torch 2.13, guards check a tensor's dimension marks (maybe_mark_dynamic, mark_static), and
+  saved guards lose the marks they were compiled with, so a saved graph rejects a marked tensor. A
+  region with an installed package is called unmarked first, with Dynamo told to fail rather than
+  compile; only then are the dims marked for a compile, and the marks taken off again after it.
+- Guards on object identities (functions, classes, modules, closures) cannot be saved, and an entry
+  holding one would not be: they are left out, in this process too. The regions read no such object
+  that changes while the engine runs.
+- Installed graphs are on the function's code object and serve every torch.compile of it, whatever
+  its backend: a compile of the function with another backend uninstalls them.
+
+A package that fails to load or install leaves its region tracing as without a store (one warning),
+and so does one that fails to save.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import re
+import sys
+import threading
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+import torch
+from loguru import logger
+from torch import Tensor
+
+# The attributes torch's dimension marks live on (torch.compiler's mark_* and maybe_mark_dynamic).
+DIMENSION_MARKS = ("_dynamo_dynamic_indices", "_dynamo_weak_dynamic_indices", "_dynamo_static_indices",
+                   "_has_dynamo_dim_marking")
+# The message of the error Dynamo raises under set_stance("fail_on_recompile") instead of compiling.
+NOT_COMPILED = "Detected recompile when torch.compile stance is 'fail_on_recompile'"
+
+Mark = Callable[[tuple], Iterable[Tensor]]  # marks the call's dims; returns the tensors it marked
+
+_store_root: Path | None = None
+_regions: dict = {}  # code object -> its _StoredRegion (one a function in a process; see the module doc)
+# The stance is process-wide: a region trying its installed graphs must not make another thread's
+# region fail to compile.
+_stance_lock = threading.Lock()
+
+
+def use_store(root: Path | None) -> None:
+    """Keep compiled regions' packages under `root` (None: no store, regions trace at every start)."""
+    global _store_root
+    _store_root = root
+    if root is not None:
+        import torch._functorch.config as functorch_config
+
+        # A package holds each graph's AOTAutograd entry with Inductor's output inside it.
+        functorch_config.bundled_autograd_cache = True
+
+
+def compile_region(fn: Callable, backend, mark: Mark = lambda args: ()) -> Callable:
+    """fn through torch.compile (fullgraph, `backend`), with `mark` applied to every call's
+    arguments before a compile. With a store (use_store) and a backend that names its compiled
+    output (its store_key), the graphs persist from one start to the next; the same function and
+    backend key again in this process give the same region."""
+    key = getattr(backend, "store_key", None)
+    region = _regions.get(fn.__code__)
+    if region is not None and region.key == key:
+        return region
+    if region is not None:  # its installed graphs would serve this other backend's calls too
+        region.uninstall()
+    elif _store_root is not None and key is not None:
+        region = _regions[fn.__code__] = _StoredRegion(fn, backend, key, mark, _store_root / _package_name(fn, key))
+        return region
+    return _traced(torch.compile(fn, backend=backend, fullgraph=True), mark)
+
+
+def _traced(compiled: Callable, mark: Mark) -> Callable:
+    def run(*args):
+        mark(args)
+        return compiled(*args)
+
+    return run
+
+
+def _package_name(fn: Callable, backend_key: str) -> str:
+    # Dynamo checks the traced source, the torch and Python versions and the GPU itself; the backend
+    # (its Inductor settings and decompositions) only we know.
+    name = f"{fn.__module__}.{fn.__qualname__}"
+    return f"{name}-{hashlib.sha256(f'{name}|{backend_key}'.encode()).hexdigest()[:16]}"
+
+
+def _serializable_guards(entries) -> list[bool]:
+    from torch._dynamo.guards import CheckFunctionManager
+
+    unsaved = CheckFunctionManager.UNSUPPORTED_SERIALIZATION_GUARD_TYPES
+    return [not (e.guard_type in unsaved or any(t in unsaved for t in e.derived_guard_types)) for e in entries]
+
+
+def _compiles() -> int:
+    from torch._dynamo.utils import counters
+
+    return counters["stats"]["unique_graphs"]
+
+
+def _count_past_installed_names(module) -> None:
+    """Dynamo names the globals a trace installs in the traced function's module (its compiled
+    graph, the builtins it reads) by one process-wide counter; a package installs those of the
+    process that saved it, and a trace here would then make one of the same name (it fails:
+    "already exists in scope"). Moves this process's counter past every number in them."""
+    from torch._dynamo import bytecode_transformation
+
+    numbers = [int(n) for name in vars(module) if name.startswith("__") for n in re.findall(r"_(\d+)", name)]
+    if numbers and hasattr(bytecode_transformation, "_unique_id_counter"):
+        start = max(next(bytecode_transformation._unique_id_counter), max(numbers) + 1)
+        bytecode_transformation._unique_id_counter = itertools.count(start)
+
+
+def _unmark(tensors: Iterable[Tensor]) -> None:
+    for tensor in tensors:
+        for attr in DIMENSION_MARKS:
+            if hasattr(tensor, attr):
+                delattr(tensor, attr)
+
+
+class _StoredRegion:
+    def __init__(self, fn: Callable, backend, key: str, mark: Mark, path: Path):
+        from torch._dynamo.package import CompilePackage, DiskDynamoStore
+
+        self.key, self._mark, self._name = key, mark, fn.__qualname__
+        self._store, self._key = DiskDynamoStore(str(path.parent)), path.name
+        options = getattr(backend, "options", {})
+        self.installed = False
+        if (path / "entry").is_file():
+            try:
+                with torch.inference_mode(), torch._inductor.config.patch(options):
+                    package, backends = self._store.load_package(fn, self._key)
+                    self._compiled = self._optimize(fn, backend, package)
+                    package.install(backends)
+                _count_past_installed_names(sys.modules[fn.__module__])
+                self._package, self.installed = package, True
+            except Exception as exc:  # torch changed, the source changed, a broken file: compile
+                logger.warning("compiled region {}: its saved graphs did not load ({}: {}); tracing it again",
+                               self._name, type(exc).__name__, str(exc)[:300])
+        if not self.installed:
+            self._package = CompilePackage(fn)
+            self._compiled = self._optimize(fn, backend, self._package)
+
+    @staticmethod
+    def _optimize(fn: Callable, backend, package) -> Callable:
+        return torch._dynamo.optimize(backend=backend, nopython=True, package=package,
+                                      guard_filter_fn=_serializable_guards)(fn)
+
+    def __call__(self, *args):
+        if self.installed:
+            try:
+                with _stance_lock, torch.compiler.set_stance("fail_on_recompile"):
+                    return self._compiled(*args)
+            except RuntimeError as exc:
+                if NOT_COMPILED not in str(exc):
+                    raise
+        compiles = _compiles()
+        marked = list(self._mark(args))
+        try:
+            result = self._compiled(*args)
+        finally:
+            if self.installed:
+                _unmark(marked)
+        if _compiles() != compiles:
+            self._save()
+        return result
+
+    def uninstall(self) -> None:
+        if self.installed:
+            self.installed = False
+            try:
+                self._package.uninstall()
+            except Exception as exc:  # noqa: BLE001 (private API: the graphs may stay installed)
+                logger.warning("compiled region {}: its saved graphs stayed installed ({}: {})",
+                               self._name, type(exc).__name__, str(exc)[:300])
+
+    def _save(self) -> None:
+        try:
+            self._store.save_package(self._package, self._key)
+        except Exception as exc:  # the region still runs; the next start traces it again
+            logger.warning("compiled region {}: its graphs were not saved ({}: {}); the next start traces it again",
+                           self._name, type(exc).__name__, str(exc)[:300])
