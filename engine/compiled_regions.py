@@ -31,6 +31,7 @@ import itertools
 import re
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
@@ -138,6 +139,7 @@ class _StoredRegion:
         options = getattr(backend, "options", {})
         self.installed = False
         if (path / "entry").is_file():
+            started = time.perf_counter()
             try:
                 with torch.inference_mode(), torch._inductor.config.patch(options):
                     package, backends = self._store.load_package(fn, self._key)
@@ -145,6 +147,8 @@ class _StoredRegion:
                     package.install(backends)
                 _count_past_installed_names(sys.modules[fn.__module__])
                 self._package, self.installed = package, True
+                logger.debug("compiled region {}: {} saved graphs installed in {:.2f} s", self._name, len(backends),
+                             time.perf_counter() - started)
             except Exception as exc:  # torch changed, the source changed, a broken file: compile
                 logger.warning("compiled region {}: its saved graphs did not load ({}: {}); tracing it again",
                                self._name, type(exc).__name__, str(exc)[:300])
@@ -186,8 +190,10 @@ class _StoredRegion:
                                self._name, type(exc).__name__, str(exc)[:300])
 
     def _save(self) -> None:
+        started = time.perf_counter()
         try:
             self._store.save_package(self._package, self._key)
+            logger.debug("compiled region {}: graphs saved in {:.2f} s", self._name, time.perf_counter() - started)
         except Exception as exc:  # the region still runs; the next start traces it again
             logger.warning("compiled region {}: its graphs were not saved ({}: {}); the next start traces it again",
                            self._name, type(exc).__name__, str(exc)[:300])

@@ -226,29 +226,32 @@ def test_caches_pin_inductors_ptxas_so_cold_and_warm_starts_share_triton_keys(tm
 
 
 @pytest.mark.gpu
-def test_a_warm_start_compiles_no_triton_kernel_again(tmp_path):
+def test_a_warm_start_neither_compiles_nor_traces_again(tmp_path):
     """Two starts of the demo engine on one cache dir (benchmark.py's start-up phase): the second loads
-    every Triton kernel, ours included, and compiles none. Our kernels' cache keys depend on the ptxas
+    every Triton kernel, ours included, and compiles none, and installs every compiled region's graphs
+    without tracing one (compiled_regions). Our kernels' cache keys depend on the ptxas
     Triton uses, which Inductor sets only once it compiles something: configure_caches pins it, or a
     first restart would compile them all again."""
     env = {k: v for k, v in os.environ.items()
            if k not in ("TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "TRITON_PTXAS_PATH")}
     cache = tmp_path / "cache"
 
-    def start() -> set[str]:
+    def start() -> tuple[dict, set[str]]:
         run = subprocess.run(
             [sys.executable, str(ROOT / "scripts" / "benchmark.py"), "--phase", "startup", "--cache-dir", str(cache),
              "--weights", "demo", "--device", "cuda", "--precision", "auto", "--compile", "on", "--compile-mode",
              "default", "--quantize", "none", "--max-batch-size", "1"],
             capture_output=True, text=True, timeout=900, cwd=ROOT, env=env)
         assert run.returncode == 0, run.stderr[-3000:]
+        traced = json.loads(run.stdout.strip().splitlines()[-1])["compiled_functions"]
         # Triton makes a key's folder on every lookup, hit or miss: count the compiled kernels.
-        return {str(cubin.relative_to(cache)) for cubin in (cache / "compile" / "triton").glob("*/*.cubin")}
+        return traced, {str(cubin.relative_to(cache)) for cubin in (cache / "compile" / "triton").glob("*/*.cubin")}
 
-    cold = start()
-    assert cold  # the engine cached its kernels under its cache dir
-    compiled_again = start() - cold
-    assert not compiled_again, f"the warm start compiled {sorted(compiled_again)}"
+    traced, cold = start()
+    assert cold and traced  # the engine cached its kernels under its cache dir
+    traced_again, warm = start()
+    assert not warm - cold, f"the warm start compiled {sorted(warm - cold)}"
+    assert traced_again == {}, f"the warm start traced {traced_again} again (the compiled regions' store)"
 
 
 # A region compiled with the engine's backend, in a process of its own; prints Inductor's counters.
