@@ -62,6 +62,7 @@ class CompilePolicy:
     int8_weights: bool = False  # the transformer runs torchao int8 weights (--quantize int8)
     pdl: bool = True  # programmatic dependent launch between Triton kernels (Hopper and newer); see decide()
     fused_projections: bool = True  # the decode step's projections as fused_linear kernels (Block.use_fused_projections)
+    plain_weights: bool = True  # no --quantize: the compiled regions' graphs persist whole (compiled_regions)
 
     @property
     def inductor_options(self) -> dict:
@@ -90,7 +91,7 @@ class CompilePolicy:
 
     def inductor_backend(self) -> "InductorBackend":
         """torch.compile backend of the compiled regions: Inductor with single-row matmuls decomposed."""
-        return InductorBackend(self.inductor_options)
+        return InductorBackend(self.inductor_options, stored=self.plain_weights)
 
     def describe(self) -> str:
         mode = f"torch.compile ({self.mode}) + CUDA graphs" if self.compile and self.cuda_graphs else (
@@ -101,11 +102,13 @@ class CompilePolicy:
 class InductorBackend:
     """torch.compile backend: Inductor with these settings and single-row matmuls decomposed
     (DecompositionTable). store_key names what it compiles a graph into, for the compiled regions'
-    store (compiled_regions)."""
+    store (compiled_regions); None keeps its regions out of the store. Quantized weights stay out:
+    a stored graph's guards pickle its inputs' metadata, which torchao's tensors cannot give."""
 
-    def __init__(self, options: dict):
+    def __init__(self, options: dict, stored: bool = True):
         self.options = options
-        self.store_key = f"torch {torch.__version__}|{sorted(options.items())}|{_decomposition_version()}"
+        self.store_key = (f"torch {torch.__version__}|{sorted(options.items())}|{_decomposition_version()}"
+                          if stored else None)
 
     def __call__(self, graph, example_inputs):
         from torch._inductor.compile_fx import compile_fx
@@ -248,7 +251,7 @@ def decide(mode: str, device: torch.device, env: Environment | None = None,
                               "triton-windows matching your torch); use --no-compile to run eager")
         return CompilePolicy(False, True, f"no Triton on {env.os}: eager step in CUDA graphs")
     return CompilePolicy(True, True, f"CUDA with Triton {env.triton} on {env.os}", compile_mode, quantize == "int8",
-                         pdl_requested(), fused_projections)
+                         pdl_requested(), fused_projections, plain_weights=quantize == "none")
 
 
 def _inductor_default_cache_dir() -> str | None:

@@ -21,7 +21,8 @@ What shapes this module:
   its backend: a compile of the function with another backend uninstalls them.
 
 A package that fails to load or install leaves its region tracing as without a store (one warning),
-and so does one that fails to save.
+and so does one that fails to save, or a compile that fails for the package (then the region
+compiles without one).
 """
 
 from __future__ import annotations
@@ -135,6 +136,7 @@ class _StoredRegion:
         from torch._dynamo.package import CompilePackage, DiskDynamoStore
 
         self.key, self._mark, self._name = key, mark, fn.__qualname__
+        self._fn, self._backend = fn, backend
         self._store, self._key = DiskDynamoStore(str(path.parent)), path.name
         options = getattr(backend, "options", {})
         self.installed = False
@@ -173,10 +175,20 @@ class _StoredRegion:
         marked = list(self._mark(args))
         try:
             result = self._compiled(*args)
+        except torch._dynamo.exc.TorchDynamoException as exc:
+            if self._package is None:
+                raise
+            # A graph the package cannot hold (its guards pickle every input's metadata: a tensor
+            # subclass may not) fails the compile itself: compile this region as without a store.
+            logger.warning("compiled region {}: compiling it for the store failed ({}: {}); compiling it without",
+                           self._name, type(exc).__name__, str(exc)[:300])
+            self.uninstall()
+            self._package, self._compiled = None, torch.compile(self._fn, backend=self._backend, fullgraph=True)
+            result = self._compiled(*args)
         finally:
             if self.installed:
                 _unmark(marked)
-        if _compiles() != compiles:
+        if self._package is not None and _compiles() != compiles:
             self._save()
         return result
 

@@ -254,6 +254,13 @@ def test_a_warm_start_neither_compiles_nor_traces_again(tmp_path):
     assert traced_again == {}, f"the warm start traced {traced_again} again (the compiled regions' store)"
 
 
+
+def test_quantized_weights_keep_the_compiled_regions_out_of_the_store():
+    """A stored graph's guards pickle its inputs' metadata, which torchao's tensors cannot give."""
+    assert decide("auto", CUDA, LINUX_TRITON).inductor_backend().store_key
+    for mode in ("int8", "int4", "fp8"):
+        assert decide("auto", CUDA, LINUX_TRITON, quantize=mode).inductor_backend().store_key is None
+
 # A region compiled with the engine's backend, in a process of its own; prints Inductor's counters.
 COMPILE_ONE_REGION = """
 import json, sys, torch
@@ -388,3 +395,26 @@ def test_a_restart_runs_the_stored_regions_without_tracing_them_again(tmp_path):
     entry.write_bytes(b"not a package")
     assert start(4)["graphs"] == 3
     assert start(4)["graphs"] == 0
+
+
+def test_a_region_whose_compile_fails_for_the_store_compiles_without_it(tmp_path, monkeypatch, debug_lines):
+    """A graph the store cannot hold fails its compile (its guards are pickled as it compiles; a
+    tensor subclass's may not pickle): the region compiles again without the store, and runs."""
+    from engine import compiled_regions
+    from engine.model.codec_convs import biased_residual
+
+    def unpicklable(entries):
+        raise TypeError("these guards do not pickle")
+
+    monkeypatch.setattr(compiled_regions, "_store_root", tmp_path)
+    monkeypatch.setattr(compiled_regions, "_regions", {})
+    monkeypatch.setattr(compiled_regions, "_serializable_guards", unpicklable)
+    torch._dynamo.reset()
+    backend = compilation.CompilePolicy(True, False, "test", pdl=False).inductor_backend()
+    region = compiled_regions.compile_region(biased_residual, backend)
+    x, y, bias = torch.randn(2, 4, 3), torch.randn(2, 4, 3), torch.randn(4)
+    with torch.inference_mode():
+        torch.testing.assert_close(region(x, y, bias), biased_residual(x, y, bias), rtol=0, atol=0)
+        torch.testing.assert_close(region(y, x, bias), biased_residual(y, x, bias), rtol=0, atol=0)
+    assert [line for line in debug_lines if "compiling it without" in line]
+    assert not list(tmp_path.rglob("entry"))
