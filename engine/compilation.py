@@ -91,7 +91,7 @@ class CompilePolicy:
 
     def inductor_backend(self) -> "InductorBackend":
         """torch.compile backend of the compiled regions: Inductor with single-row matmuls decomposed."""
-        return InductorBackend(self.inductor_options, stored=self.plain_weights)
+        return InductorBackend(self.inductor_options, store_tag=repr(self) if self.plain_weights else None)
 
     def describe(self) -> str:
         mode = f"torch.compile ({self.mode}) + CUDA graphs" if self.compile and self.cuda_graphs else (
@@ -102,13 +102,14 @@ class CompilePolicy:
 class InductorBackend:
     """torch.compile backend: Inductor with these settings and single-row matmuls decomposed
     (DecompositionTable). store_key names what it compiles a graph into, for the compiled regions'
-    store (compiled_regions); None keeps its regions out of the store. Quantized weights stay out:
-    a stored graph's guards pickle its inputs' metadata, which torchao's tensors cannot give."""
+    store (compiled_regions), with `store_tag` (the policy: whatever else its regions were traced
+    under); a tag of None keeps its regions out of the store. Quantized weights stay out: a stored
+    graph's guards pickle its inputs' metadata, which torchao's tensors cannot give."""
 
-    def __init__(self, options: dict, stored: bool = True):
+    def __init__(self, options: dict, store_tag: str | None = ""):
         self.options = options
-        self.store_key = (f"torch {torch.__version__}|{sorted(options.items())}|{_decomposition_version()}"
-                          if stored else None)
+        self.store_key = (None if store_tag is None else
+                          f"torch {torch.__version__}|{sorted(options.items())}|{_decomposition_version()}|{store_tag}")
 
     def __call__(self, graph, example_inputs):
         from torch._inductor.compile_fx import compile_fx

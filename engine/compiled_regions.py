@@ -124,6 +124,14 @@ def _count_past_installed_names(module) -> None:
         bytecode_transformation._unique_id_counter = itertools.count(start)
 
 
+def _uninstall_partly_installed(package) -> None:
+    if package is not None:
+        try:
+            package.uninstall()
+        except Exception:  # noqa: BLE001 (nothing was installed, or nothing more can be done)
+            pass
+
+
 def _unmark(tensors: Iterable[Tensor]) -> None:
     for tensor in tensors:
         for attr in DIMENSION_MARKS:
@@ -137,11 +145,12 @@ class _StoredRegion:
 
         self.key, self._mark, self._name = key, mark, fn.__qualname__
         self._fn, self._backend = fn, backend
+        self._saving = True  # compiled graphs go to the store (until a save or a compile for it fails)
         self._store, self._key = DiskDynamoStore(str(path.parent)), path.name
         options = getattr(backend, "options", {})
         self.installed = False
         if (path / "entry").is_file():
-            started = time.perf_counter()
+            started, package = time.perf_counter(), None
             try:
                 with torch.inference_mode(), torch._inductor.config.patch(options):
                     package, backends = self._store.load_package(fn, self._key)
@@ -154,9 +163,11 @@ class _StoredRegion:
             except Exception as exc:  # torch changed, the source changed, a broken file: compile
                 logger.warning("compiled region {}: its saved graphs did not load ({}: {}); tracing it again",
                                self._name, type(exc).__name__, str(exc)[:300])
+                _uninstall_partly_installed(package)
         if not self.installed:
             self._package = CompilePackage(fn)
             self._compiled = self._optimize(fn, backend, self._package)
+        self._packaged = self._compiled
 
     @staticmethod
     def _optimize(fn: Callable, backend, package) -> Callable:
@@ -176,19 +187,19 @@ class _StoredRegion:
         try:
             result = self._compiled(*args)
         except torch._dynamo.exc.TorchDynamoException as exc:
-            if self._package is None:
+            if self._compiled is not self._packaged:
                 raise
             # A graph the package cannot hold (its guards pickle every input's metadata: a tensor
             # subclass may not) fails the compile itself: compile this region as without a store.
             logger.warning("compiled region {}: compiling it for the store failed ({}: {}); compiling it without",
                            self._name, type(exc).__name__, str(exc)[:300])
             self.uninstall()
-            self._package, self._compiled = None, torch.compile(self._fn, backend=self._backend, fullgraph=True)
+            self._saving, self._compiled = False, torch.compile(self._fn, backend=self._backend, fullgraph=True)
             result = self._compiled(*args)
         finally:
             if self.installed:
                 _unmark(marked)
-        if self._package is not None and _compiles() != compiles:
+        if self._saving and _compiles() != compiles:
             self._save()
         return result
 
@@ -207,5 +218,6 @@ class _StoredRegion:
             self._store.save_package(self._package, self._key)
             logger.debug("compiled region {}: graphs saved in {:.2f} s", self._name, time.perf_counter() - started)
         except Exception as exc:  # the region still runs; the next start traces it again
-            logger.warning("compiled region {}: its graphs were not saved ({}: {}); the next start traces it again",
+            logger.warning("compiled region {}: its graphs were not saved ({}: {}); it traces at every start",
                            self._name, type(exc).__name__, str(exc)[:300])
+            self._saving = False  # it would fail again (torch 2.12, say, where no graph can be saved)
