@@ -50,8 +50,8 @@ Mark = Callable[[tuple], Iterable[Tensor]]  # marks the call's dims; returns the
 
 _store_root: Path | None = None
 _regions: dict = {}  # code object -> its _StoredRegion (one a function in a process; see the module doc)
-# The stance is process-wide: a region trying its installed graphs must not make another thread's
-# region fail to compile.
+# Dynamo's stance is process-wide: while one stored region tries its installed graphs, another must
+# not compile (it would fail). The engine calls every compiled region from its worker thread.
 _stance_lock = threading.Lock()
 
 
@@ -175,9 +175,13 @@ class _StoredRegion:
                                       guard_filter_fn=_serializable_guards)(fn)
 
     def __call__(self, *args):
+        with _stance_lock:
+            return self._call(args)
+
+    def _call(self, args: tuple):
         if self.installed:
             try:
-                with _stance_lock, torch.compiler.set_stance("fail_on_recompile"):
+                with torch.compiler.set_stance("fail_on_recompile"):
                     return self._compiled(*args)
             except RuntimeError as exc:
                 if NOT_COMPILED not in str(exc):
