@@ -58,11 +58,15 @@ _stance_lock = threading.Lock()
 def use_store(root: Path | None) -> None:
     """Keep compiled regions' packages under `root` (None: no store, regions trace at every start)."""
     global _store_root
+    import torch._functorch.config as functorch_config
+
+    # A package holds each graph's AOTAutograd entry with Inductor's output inside it.
+    if root is not None and not hasattr(functorch_config, "bundled_autograd_cache"):
+        logger.debug("torch {} cannot bundle AOTAutograd entries: compiled regions trace at every start",
+                     torch.__version__)
+        root = None
     _store_root = root
     if root is not None:
-        import torch._functorch.config as functorch_config
-
-        # A package holds each graph's AOTAutograd entry with Inductor's output inside it.
         functorch_config.bundled_autograd_cache = True
 
 

@@ -173,9 +173,15 @@ def test_the_inductor_backend_compiles_a_single_row_linear_like_eager():
 
 
 @pytest.fixture
-def restored_environ():
-    """configure_caches writes os.environ itself: put every variable back after the test."""
-    with mock.patch.dict(os.environ):
+def restored_environ(monkeypatch):
+    """configure_caches writes os.environ and sets the compiled regions' store itself: put every
+    variable and the store back after the test."""
+    import torch._functorch.config as functorch_config
+
+    from engine import compiled_regions
+
+    monkeypatch.setattr(compiled_regions, "_store_root", compiled_regions._store_root)
+    with mock.patch.dict(os.environ), functorch_config.patch(bundled_autograd_cache=functorch_config.bundled_autograd_cache):
         yield
 
 
