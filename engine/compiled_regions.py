@@ -2,7 +2,7 @@
 
 Inductor's and AOTAutograd's caches spare a restart the compiling, but Dynamo still traces every
 region's Python again, at every start: most of a warm start. Dynamo's precompile (CompilePackage and
-DiskDynamoStore, private APIs of the same shape in torch 2.10 to 2.14) saves what a region compiled
+DiskDynamoStore, private APIs of the same shape in torch 2.10 to 2.15) saves what a region compiled
 (its guards, bytecode and Inductor's output) and installs it at the next start, untraced. The
 engine's regions are free functions whose modules, weights and state come in as arguments, which
 is what that API can save.

@@ -48,7 +48,7 @@ def test_requirements_ray_txt_is_the_ray_extra():
 
 def test_every_torch_requirement_states_the_tested_range():
     for path in ("requirements.txt", "pyproject.toml"):
-        assert "tested with 2.11 (GPU), 2.13 (pinned in CI) and 2.14" in (ROOT / path).read_text(), path
+        assert "tested with 2.11 (GPU), 2.13 (pinned in CI) and 2.15" in (ROOT / path).read_text(), path
 
 
 def test_console_scripts_point_at_callables():
