@@ -2,8 +2,9 @@
 copies a host scalar into the device tensor, and that copy waits for every kernel queued on the
 stream (the steps the worker keeps ahead of the GPU), after which the GPU idles while the host
 works (~5 ms at each retirement of a 64-stream run). Fills on the device do not wait.
-On the CPU the same writes show as a tensor lifted from a Python scalar and copied into another,
-which this mode catches; tests/test_gpu.py checks the CUDA path with torch's sync debug mode."""
+On the CPU the same writes show as a tensor lifted from Python values and copied into another,
+which this mode catches (from torch 2.15 `tensor[i] = 0` is a fill instead, no copy); tests/test_gpu.py
+checks the CUDA path with torch's sync debug mode."""
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -32,12 +33,13 @@ class HostScalarWrites(TorchDispatchMode):
         return out
 
 
-def test_the_mode_catches_a_scalar_written_into_a_tensor():
+def test_the_mode_catches_host_values_copied_into_a_tensor():
     x = torch.zeros(4)
     with HostScalarWrites() as mode:
-        x[1] = 3.0
-        x[2:].fill_(1.0)
-    assert mode.writes == ["() <- 3.0"]
+        x[1] = torch.tensor(3.0)
+        x[2:].copy_(torch.tensor([1.0, 2.0]))
+        x[:2].fill_(1.0)
+    assert mode.writes == ["() <- 3.0", "(2,) <- [1.0, 2.0]"]
 
 
 def test_a_run_with_retirements_and_a_cancellation_writes_no_host_scalar(model, specs):  # noqa: F811
