@@ -24,8 +24,9 @@ if [ "${1:-}" = "--fetch-wheels" ]; then
   mkdir -p .whl
   for name in $WHEELS; do
     # The version installed here where there is one (the CPU suite runs with it), so that the
-    # packages match one another (pydantic and pydantic-core pin each other).
-    version=$(python3 -m pip show "$name" 2>/dev/null | sed -n 's/^Version: //p')
+    # packages match one another (pydantic and pydantic-core pin each other); else the newest
+    # (pip show fails for a package not installed).
+    version=$(python3 -m pip show "$name" 2>/dev/null | sed -n 's/^Version: //p' || true)
     python3 -m pip download -q --no-deps --only-binary=:all: --python-version "${PYTHON_VERSION:-3.12}" \
       --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
       --platform manylinux2014_x86_64 -d .whl "$name${version:+==$version}"
