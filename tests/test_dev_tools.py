@@ -1,8 +1,10 @@
 """tools/profile_step.py, tools/profile_codec_calls.py and tools/profile_reference_encodes.py: their
 pure parts on the CPU, a clear refusal without CUDA, and a run on the demo model on a GPU (a check of
-the tools, not a measurement)."""
+the tools, not a measurement). tools/profile_startup.py: its summary of py-spy's samples, and a cold
+start and a restart of the demo model on any device."""
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +16,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tools"))
 import profile_codec_calls  # noqa: E402
 import profile_reference_encodes  # noqa: E402
+import profile_startup  # noqa: E402
 import profile_step  # noqa: E402
 
 
@@ -109,3 +112,51 @@ def test_profile_reference_encodes_times_each_batch_and_compares_the_paths(tmp_p
     assert all(row["ms_per_pass"] > 0 and row["ms_per_clip"] == row["ms_per_pass"] / row["batch"] for row in report["batches"])
     assert report["kernels_per_chunk"] > 0 and report["prepare_s"] > 0
     assert set(report["equal_codes"]) == {"1", "2"} and all(0 <= share <= 1 for share in report["equal_codes"].values())
+
+
+def test_the_startup_samples_are_summed_by_thread_stage_and_calling_region():
+    raw = "\n".join([
+        "thread (0x1): MainThread;<module> (a.py:1);_find_and_load (<frozen>:1) 10",
+        "thread (0x2): s1-gpu-worker;GraphCapture.prepare (g.py:1);decode_step (d.py:1);next_frame (f.py:2);"
+        "_StoredRegion.__call__ (r.py:3);compile_fx_inner (c.py:4) 30",
+        "thread (0x2): s1-gpu-worker;decode_step (d.py:1);next_frame (f.py:2);_StoredRegion.__call__ (r.py:3);"
+        "fx_codegen_and_compile (c.py:9);CudaLauncher.__init__ (t.py:5) 20",
+        "thread (0x2): s1-gpu-worker;GPUWorker._loop (w.py:1);Condition.wait (t.py:1) 5",
+        "",
+    ])
+    summary = profile_startup.summarise(raw, rate=10)
+    assert list(summary["threads"]) == ["s1-gpu-worker", "MainThread"]  # costliest first
+    worker = summary["threads"]["s1-gpu-worker"]
+    # a sample counts once, for its first stage in STAGES' order: the launcher build inside codegen
+    assert worker == {"sampled_s": 5.5, "stages": {"inductor codegen": 3.0, "triton launcher build (C compiler)": 2.0,
+                                                   "other": 0.5}}
+    assert summary["threads"]["MainThread"] == {"sampled_s": 1.0, "stages": {"imports": 1.0}}
+    assert summary["regions_by_caller"] == {"decode_step > next_frame": 5.0}
+
+
+def _py_spy_refusal() -> str | None:
+    """Why py-spy cannot sample a child process here (not installed, or not allowed to read its
+    memory), or None when it can."""
+    py_spy = shutil.which("py-spy") or shutil.which("py-spy", path=str(Path(sys.executable).parent))
+    if py_spy is None:
+        return "py-spy is not installed"
+    run = subprocess.run([py_spy, "record", "--nonblocking", "--format", "raw", "--output", "/dev/null", "--",
+                          sys.executable, "-c", "import time; time.sleep(0.5)"], capture_output=True, text=True,
+                         timeout=60)
+    return None if run.returncode == 0 else f"py-spy cannot sample here: {run.stderr.strip()[-300:]}"
+
+
+def test_profile_startup_profiles_a_cold_start_and_a_restart_of_the_demo_model(tmp_path):
+    refusal = _py_spy_refusal()
+    if refusal:
+        pytest.skip(refusal)
+    out, raw = tmp_path / "startup.json", tmp_path / "raw"
+    run = run_tool("tools/profile_startup.py", "--weights", "demo", "--restarts", "1", "--keep", str(raw),
+                   "--json", str(out))
+    assert run.returncode == 0, run.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert list(report) == ["cold", "restart1"]
+    for start in report.values():
+        assert start["phase"]["to_first_audio_s"] > 0 and start["threads"]["MainThread"]["sampled_s"] > 0
+    assert (raw / "cold.txt").is_file() and (raw / "restart1.txt").is_file()
+    assert "restart1: first audio after" in run.stdout
