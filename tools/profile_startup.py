@@ -40,6 +40,7 @@ STAGES = (
     ("inductor autotuning", ("benchmark_all_configs", "autotune_to_one_config")),
     ("waiting for the compile pool", ("AsyncCompile.wait",)),
     ("inductor codegen", ("fx_codegen_and_compile", "compile_fx_inner")),
+    ("compiled code's first runs", ("call_func_at_runtime_with_args",)),
     ("aotautograd", ("create_aot_dispatcher_function", "aot_module_simplified")),
     ("dynamo guards", ("CheckFunctionManager",)),
     ("dynamo tracing", ("InstructionTranslator", "convert_frame")),
