@@ -4,7 +4,6 @@ the tools, not a measurement). tools/profile_startup.py: its summary of py-spy's
 start and a restart of the demo model on any device."""
 
 import json
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -137,7 +136,7 @@ def test_the_startup_samples_are_summed_by_thread_stage_and_calling_region():
 def _py_spy_refusal() -> str | None:
     """Why py-spy cannot sample a child process here (not installed, or not allowed to read its
     memory), or None when it can."""
-    py_spy = shutil.which("py-spy") or shutil.which("py-spy", path=str(Path(sys.executable).parent))
+    py_spy = profile_startup.find_py_spy()
     if py_spy is None:
         return "py-spy is not installed"
     run = subprocess.run([py_spy, "record", "--nonblocking", "--format", "raw", "--output", "/dev/null", "--",

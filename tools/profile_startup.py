@@ -85,8 +85,13 @@ def summarise(raw: str, rate: float) -> dict:
             "regions_by_caller": {k: round(v, 2) for k, v in regions.most_common()}}
 
 
+def find_py_spy() -> str | None:
+    """py-spy on PATH or beside this Python (a venv's bin, not activated)."""
+    return shutil.which("py-spy") or shutil.which("py-spy", path=str(Path(sys.executable).parent))
+
+
 def py_spy() -> str:
-    found = shutil.which("py-spy") or shutil.which("py-spy", path=str(Path(sys.executable).parent))
+    found = find_py_spy()
     if found is None:
         sys.exit("py-spy not found: pip install py-spy (requirements-dev.txt brings it with ray)")
     return found
