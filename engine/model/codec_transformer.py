@@ -8,9 +8,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.nn.attention import sdpa_kernel
 
 from .codec_config import TransformerConfig
-from .layers import RMSNorm, apply_rope, rms_norm, rope_table
+from .layers import PLAN_FREE_ATTENTION, RMSNorm, apply_rope, rms_norm, rope_table
 
 
 def window_mask(seq_len: int, window: int, device) -> Tensor:
@@ -122,7 +123,8 @@ def layer_forward(h: Tensor, rope: Tensor, mask: Tensor, k_cached: Tensor | None
     if k_cached is not None:
         k = torch.cat([k_cached.to(k.dtype), k], 2)
         v = torch.cat([v_cached.to(v.dtype), v], 2)
-    y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=n_head != n_local_heads)
+    with sdpa_kernel(PLAN_FREE_ATTENTION):  # the graphs' shapes would each build a cuDNN plan at every start
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=n_head != n_local_heads)
     a = F.linear(y.transpose(1, 2).reshape(B, n, -1), w.wo)
     h = h + (a if w.attention_scale is None else a * w.attention_scale)
     x = rms_norm(h, w.ffn_norm, w.eps)

@@ -5,6 +5,12 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor, nn
+from torch.nn.attention import SDPBackend
+
+# Attention backends that need no per-shape plan. cuDNN attention builds an execution plan for every
+# new (query, key) shape, milliseconds of host time per layer, at every process start; the prefill
+# meets a new length with most requests, and the codec's graphs one shape per row count and chunk.
+PLAN_FREE_ATTENTION = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
 class RMSNorm(nn.Module):

@@ -15,11 +15,12 @@ import time
 import torch
 from loguru import logger
 from torch import Tensor
-from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.nn.attention import sdpa_kernel
 
 from ..compilation import CompilePolicy, raise_recompile_limit
 from ..compiled_regions import Mark, compile_region
 from ..model.dual_ar import DualARTransformer, KVView, call_block, embed_and_rotation, fused_norm_then_linear
+from ..model.layers import PLAN_FREE_ATTENTION
 from .cuda_graphs import capture
 from .decode_step import DecodeState, decode_step, record_frame
 from .frame_sampler import FullVocabHead, SemanticHead, StepOps, sample_and_embed, sample_first_code, sampling_inputs
@@ -27,10 +28,6 @@ from .kv_cache import KVCache
 from .prefill_graphs import PrefillGraphs, PrefillRow
 
 MIN_KV_BUCKET = 256
-# Prefill attention without cuDNN: cuDNN builds an execution plan for every new (query, key) length,
-# milliseconds of host time per layer, and a new server's first requests would spend up to a second
-# building them. Prompt lengths vary from request to request; these backends need no per-length plans.
-PREFILL_ATTENTION = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 # Prompt columns of all rows of one batched prefill, padding included: bounds its activations
 # (~0.4 GB at full size in bf16) and how long running sequences wait for it.
 PREFILL_COLUMNS = 8192
@@ -234,7 +231,7 @@ class StepRunner:
 
     def _prefill_graph_call(self, rows: int, columns: Tensor, views: list) -> Tensor:
         block = self.prefill_block if rows == 1 else self.batched_prefill_block
-        with torch.inference_mode(), sdpa_kernel(PREFILL_ATTENTION):
+        with torch.inference_mode(), sdpa_kernel(PLAN_FREE_ATTENTION):
             return self.model.forward_slow(columns, views, block)
 
     @property
@@ -362,7 +359,7 @@ class StepRunner:
         starts = torch.tensor([start for _, _, start in rows]).to(device, non_blocking=True)
         positions = starts[:, None] + torch.arange(columns.shape[2], device=device)
         kv_len = max(start for _, _, start in rows) + columns.shape[2]
-        with torch.inference_mode(), sdpa_kernel(PREFILL_ATTENTION):
+        with torch.inference_mode(), sdpa_kernel(PLAN_FREE_ATTENTION):
             self.model.forward_slow(columns, self.cache.views(positions, kv_len, rows[0][0]),
                                     block or self.batched_prefill_block)
 
@@ -376,6 +373,6 @@ class StepRunner:
         if self.prefill_graphs is not None and not self.prefill_graphs.run([PrefillRow(slot, prompt, start, end)]):
             return  # a graph prefilled it
         positions = torch.arange(start, end, device=prompt.device)[None]
-        with torch.inference_mode(), sdpa_kernel(PREFILL_ATTENTION):
+        with torch.inference_mode(), sdpa_kernel(PLAN_FREE_ATTENTION):
             self.model.forward_slow(prompt[None, :, start:end].long(), self.cache.views(positions, end, slot),
                                     self.prefill_block)
