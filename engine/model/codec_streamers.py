@@ -183,13 +183,14 @@ class _Conv(Streamer):
             raise TypeError("streaming CausalConv1d expects an unpadded inner conv")
         self.buf = new_state(batch, c_in, m.left_pad, m)
 
-    def step(self, x: Tensor, rows: Rows | None) -> Tensor:
+    def step(self, x: Tensor, rows: Rows | None, join=None) -> Tensor:
+        """The conv over the left context then x (join(context, x) when given, see with_context)."""
         if x.shape[-1] % self.m.stride:
             stride = self.m.stride
             raise ValueError(f"a stride-{stride} conv streams whole strides only, got {x.shape[-1]} steps")
-        if self.buf.shape[-1] == 0:
+        if self.buf.shape[-1] == 0 and join is None:
             return self.m.conv(x)
-        return self.m.conv(self.with_context(x, rows))
+        return self.m.conv(self.with_context(x, rows, join))
 
     def with_context(self, x: Tensor, rows: Rows | None, join=None) -> Tensor:
         """The left context, then x (join(context, x) when given, e.g. with x's Snake on the way);
@@ -201,6 +202,25 @@ class _Conv(Streamer):
 
     def reset(self, rows: Rows | None) -> None:
         zero_rows(self.buf, rows)
+
+
+class _SnakeThenConv(Streamer):
+    """Snake1d then CausalConv1d, the Snake applied on the way into the conv's left context: one
+    pointwise pass (PointwiseOps.context_snake) instead of the Snake's and the concatenation's."""
+
+    def __init__(self, snake: Snake1d, conv: CausalConv1d, batch: int, ops: PointwiseOps):
+        self.snake, self.ops = snake, ops
+        self.conv = _Conv(conv, batch)
+
+    def step(self, x: Tensor, rows: Rows | None) -> Tensor:
+        snake, ops = self.snake, self.ops
+        return self.conv.step(x, rows, lambda context, new: ops.context_snake(context, new, snake.alpha, snake.eps))
+
+    def reset(self, rows: Rows | None) -> None:
+        self.conv.reset(rows)
+
+    def children(self) -> list[Streamer]:
+        return [self.conv]
 
 
 class _ConvTranspose(Streamer):
@@ -341,8 +361,9 @@ def compiled_layer_forward(backend) -> Callable:
 
 
 def streamer_for(m: nn.Module, batch: int, rope_base: float, pointwise: PointwiseOps | None = None) -> Streamer:
-    """m's streaming forward; with `pointwise`, residual units as _FusedResidual with those passes
-    (the decoder's, and the encoder's when compiled), else as the module's own ops."""
+    """m's streaming forward; with `pointwise`, residual units as _FusedResidual and a Snake before a
+    conv as _SnakeThenConv, with those passes (the decoder's, and the encoder's when compiled), else as
+    the module's own ops."""
     def inner(child: nn.Module) -> Streamer:
         return streamer_for(child, batch, rope_base, pointwise)
 
@@ -363,7 +384,14 @@ def streamer_for(m: nn.Module, batch: int, rope_base: float, pointwise: Pointwis
             return ChannelsLastDecoder(m, batch, m.channels_last)
         return inner(m.model)
     if type(m) is nn.Sequential:
-        return _Sequence([inner(c) for c in m])
+        parts, children = [], list(m)
+        while children:
+            child = children.pop(0)
+            if pointwise is not None and isinstance(child, Snake1d) and children and isinstance(children[0], CausalConv1d):
+                parts.append(_SnakeThenConv(child, children.pop(0), batch, pointwise))
+            else:
+                parts.append(inner(child))
+        return _Sequence(parts)
     if isinstance(m, (Snake1d, nn.Tanh, nn.Identity)):
         return _Stateless(m)
     raise TypeError(f"no streaming forward for {type(m).__name__}: the codec's architecture changed")
