@@ -4,11 +4,12 @@ per batch bucket, replayed chunk by chunk on its own stream), its encode path se
 sets it up (`--compile on`: set_up_codec, as with Triton) or as written (`--compile off`).
 
     python tools/profile_reference_encodes.py --weights random [--seconds 10] [--batches 1,4,8] \
-        [--compile on|off] [--compare] [--json out.json]
+        [--compile on|off] [--compare] [--top N] [--json out.json]
 
 For each batch size: the wall time from start() to every clip's codes on the host (what the engine
 waits for), a pass and a clip; the kernels of one 32-frame chunk at batch 1 (torch.profiler, one
-eager step). --compare also encodes the same clips by the other path and reports the share of equal
+eager step); --top N, the N kernels that take the most GPU time in a chunk at the largest batch.
+--compare also encodes the same clips by the other path and reports the share of equal
 codes (with random weights VQ near-ties are many: a share below 1 there is not an error by itself;
 the GPU tests check the codes up to near-ties).
 """
@@ -48,6 +49,7 @@ def main(argv=None) -> int:
     p.add_argument("--compile", choices=["on", "off"], default="on",
                    help="on: the encode path as the engine sets it up with Triton; off: as written")
     p.add_argument("--compare", action="store_true", help="also encode by the other path and compare the codes")
+    p.add_argument("--top", type=int, default=0, help="list the N costliest kernels of a chunk at the largest batch")
     p.add_argument("--json", type=Path)
     args = parse_with_weights(p, argv)
     try:
@@ -74,13 +76,18 @@ def main(argv=None) -> int:
     rng = np.random.default_rng(0)
     clips = [(0.2 * rng.standard_normal(int(args.seconds * codec.config.sample_rate))).astype(np.float32) for _ in range(batches[-1])]
 
-    measured = encoder_report(codec, args.compile == "on", policy, clips, batches)
+    measured = encoder_report(codec, args.compile == "on", policy, clips, batches, top=args.top)
     report = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "weights": args.weights,
               "clip_seconds": args.seconds, "compile": args.compile, **measured}
     for row in report["batches"]:
         print(f"batch {row['batch']}: {row['ms_per_pass']:.1f} ms a pass, {row['ms_per_clip']:.1f} ms a clip")
     print(f"{report['kernels_per_chunk']} kernels a {REFERENCE_CHUNK_FRAMES}-frame chunk; "
           f"graphs compiled and captured in {report['prepare_s']:.1f} s")
+    if args.top:
+        kernels = report["top_kernels"]
+        print(f"costliest kernels of a chunk at batch {batches[-1]} ({report['chunk_kernel_ms']:.2f} ms of kernels):")
+        for row in kernels:
+            print(f"  {row['ms']:7.3f} ms {row['calls']:4d} x  {row['kernel'][:110]}")
     if args.compare:
         other = encoder_report(codec, args.compile != "on", policy, clips, batches, timed=False)
         report["equal_codes"] = {str(b): float(np.concatenate([(x == y).ravel() for x, y in zip(mine, theirs)]).mean())
@@ -92,9 +99,10 @@ def main(argv=None) -> int:
     return 0
 
 
-def encoder_report(codec, compiled: bool, policy, clips, batches: list[int], timed: bool = True) -> dict:
+def encoder_report(codec, compiled: bool, policy, clips, batches: list[int], timed: bool = True, top: int = 0) -> dict:
     """A ReferenceEncoder on a copy of codec, set up as the engine would (compiled or as written):
-    its graphs' set-up time, each batch's timings (when timed) and codes, kernels a chunk."""
+    its graphs' set-up time, each batch's timings (when timed) and codes, kernels a chunk, and with
+    `top` the costliest kernels of a chunk at the largest batch."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -129,7 +137,34 @@ def encoder_report(codec, compiled: bool, policy, clips, batches: list[int], tim
             step.step(chunk)
             torch.cuda.synchronize()
     kernels = sum(1 for e in prof.events() if e.device_type.name == "CUDA")
-    return {"prepare_s": prepare_s, "batches": rows, "kernels_per_chunk": kernels, "codes": codes}
+    report = {"prepare_s": prepare_s, "batches": rows, "kernels_per_chunk": kernels, "codes": codes}
+    if top:
+        report.update(costliest_kernels(encoder._encoders[batches[-1]], encoder.chunk_samples, batches[-1], top))
+    return report
+
+
+def costliest_kernels(step, chunk_samples: int, batch: int, top: int) -> dict:
+    """The kernels of one eager chunk at `batch` by their summed GPU time: the `top` costliest."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    chunk = 0.2 * torch.randn(batch, 1, chunk_samples, device="cuda")
+    with torch.inference_mode():
+        step.reset()
+        step.step(chunk)
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            step.step(chunk)
+            torch.cuda.synchronize()
+    totals: dict[str, list] = {}
+    for e in prof.events():
+        if e.device_type.name == "CUDA":
+            entry = totals.setdefault(e.name, [0.0, 0])
+            entry[0] += e.time_range.elapsed_us() / 1e3
+            entry[1] += 1
+    ranked = sorted(totals.items(), key=lambda item: -item[1][0])
+    return {"chunk_kernel_ms": sum(ms for ms, _ in totals.values()),
+            "top_kernels": [{"kernel": name, "ms": ms, "calls": calls} for name, (ms, calls) in ranked[:top]]}
 
 
 if __name__ == "__main__":
