@@ -700,3 +700,18 @@ def test_tuned_convs_time_each_shape_once_and_match_cudnn():
                 got = tuned(x).float()
             assert ((got - expected).norm() / expected.norm()).item() < 1e-2
         assert set(tuned.im2col_for) == {(s, torch.bfloat16) for s in shapes}
+
+
+@pytest.mark.parametrize("convs_in_tf32", [True, False])
+def test_matmuls_standing_in_for_convs_follow_cudnns_tf32_setting(convs_in_tf32):
+    """The 1x1 convolutions streamed as matmuls round as cuDNN's convolutions would (TF32 exactly
+    when those are), and the process's matmul setting is back afterwards, also after an error."""
+    from engine.model.codec_convs import matmuls_round_like_convs
+
+    before = torch.backends.cuda.matmul.allow_tf32
+    with torch.backends.cudnn.flags(enabled=True, allow_tf32=convs_in_tf32):
+        with matmuls_round_like_convs():
+            assert torch.backends.cuda.matmul.allow_tf32 is convs_in_tf32
+        with pytest.raises(KeyError), matmuls_round_like_convs():
+            raise KeyError("a failing call")
+    assert torch.backends.cuda.matmul.allow_tf32 is before

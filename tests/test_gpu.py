@@ -267,25 +267,21 @@ def test_prefill_attention_builds_no_cudnn_plan_per_prompt_length(s1_dir, s1_exp
 
 def test_codec_attention_builds_no_cudnn_plan_per_shape():
     """The codec's graphs run its transformer layers at a shape per row count and chunk length, and
-    cuDNN attention would build a plan for each at every start, so layer_forward keeps to the
-    backends that need none, eager and compiled. Checked on the full-size quantizer transformer in
-    bf16 (the decode path's dtype), with a streamed chunk's window mask, where SDPA would pick cuDNN."""
+    cuDNN attention would build a plan for each at every start, so its transformers keep to the
+    backends that need none: streamed with layer_forward eager and compiled, and whole. Checked on
+    the full-size quantizer transformer in bf16 (the decode path's dtype) with a streamed chunk's
+    window mask, where SDPA would pick cuDNN."""
     from engine.model.codec_config import CodecConfig
-    from engine.model.codec_streamers import compiled_layer_forward
-    from engine.model.codec_transformer import WindowLimitedTransformer, layer_forward, layer_weights
+    from engine.model.codec_streamers import compiled_layer_forward, streamer_for
+    from engine.model.codec_transformer import WindowLimitedTransformer
 
     cfg = CodecConfig.s1_mini().quantizer_transformer
     torch.manual_seed(0)
-    transformer = WindowLimitedTransformer(cfg, 1).cuda().to(torch.bfloat16)
+    transformer = WindowLimitedTransformer(cfg, 2).cuda().to(torch.bfloat16)
     for p in transformer.parameters():
         torch.nn.init.normal_(p, std=0.02)
-    weights = layer_weights(transformer.layers[0])
     rows, n, w1 = 4, 16, cfg.window_size - 1
-    h = torch.randn(rows, n, cfg.dim, device="cuda", dtype=torch.bfloat16)
-    rope = transformer.freqs_cis[:n].float().expand(rows, -1, -1, -1)
-    slots, steps = torch.arange(w1 + n, device="cuda"), torch.arange(n, device="cuda")
-    mask = ((slots[None, :] >= steps[:, None]) & (slots[None, :] <= steps[:, None] + w1)).expand(rows, 1, n, w1 + n)
-    cache = torch.randn(rows, cfg.n_local_heads, w1, cfg.head_dim, device="cuda", dtype=torch.bfloat16)
+    chunk = torch.randn(rows, cfg.dim, n, device="cuda", dtype=torch.bfloat16)
 
     def attention_ops(fn) -> set[str]:
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof, torch.inference_mode():
@@ -293,16 +289,22 @@ def test_codec_attention_builds_no_cudnn_plan_per_shape():
             torch.cuda.synchronize()
         return {e.name for e in prof.events() if "attention" in e.name}
 
+    slots, steps = torch.arange(w1 + n, device="cuda"), torch.arange(n, device="cuda")
+    mask = ((slots[None, :] >= steps[:, None]) & (slots[None, :] <= steps[:, None] + w1)).expand(rows, 1, n, w1 + n)
     q = torch.randn(rows, cfg.n_head, n, cfg.head_dim, device="cuda", dtype=torch.bfloat16)
     kv = torch.randn(rows, cfg.n_local_heads, w1 + n, cfg.head_dim, device="cuda", dtype=torch.bfloat16)
     unrestricted = attention_ops(lambda: torch.nn.functional.scaled_dot_product_attention(
         q, kv, kv, attn_mask=mask, enable_gqa=cfg.n_head != cfg.n_local_heads))
     if not any("cudnn" in name for name in unrestricted):
         pytest.skip(f"SDPA picks no cuDNN kernel for the codec's attention on this GPU ({unrestricted}): nothing to avoid")
-    compiled = compiled_layer_forward(COMPILED_GRAPHS.inductor_backend())
-    for forward in (layer_forward, compiled):
-        used = attention_ops(lambda: forward(h, rope, mask, cache, cache, weights))  # noqa: B023 (called here)
-        assert used and not any("cudnn" in name for name in used), (forward, used)
+    calls = {"whole": lambda: transformer(chunk)}
+    for name, layer in (("streamed", None), ("streamed, compiled", compiled_layer_forward(COMPILED_GRAPHS.inductor_backend()))):
+        transformer.stream_layers_with(layer)
+        streamer = streamer_for(transformer, rows, cfg.rope_base)
+        calls[name] = lambda streamer=streamer: streamer.step(chunk, None)
+    for name, call in calls.items():
+        used = attention_ops(call)
+        assert used and not any("cudnn" in op for op in used), (name, used)
 
 
 def test_compiled_batched_prefill_writes_the_kv_of_the_eager_one(tiny_model, s1_expected):

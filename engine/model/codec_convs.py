@@ -3,6 +3,8 @@ and ConvNeXt blocks."""
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -96,6 +98,19 @@ class CausalConvTranspose1d(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         return self.conv(x)[..., : x.shape[-1] * self.stride]
+
+
+@contextlib.contextmanager
+def matmuls_round_like_convs():
+    """fp32 CUDA matmuls standing in for convolutions round as cuDNN's convolutions do: in TF32
+    exactly when those are (torch's default; the reference runs its 1x1 convolutions through cuDNN).
+    The flag is the process's: set only on the thread that runs the codec (the engine's GPU worker)."""
+    before = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = before
 
 
 def snake(x: Tensor, alpha: Tensor, eps: float) -> Tensor:

@@ -20,9 +20,9 @@ silently wrong.
 The decoder's residual units (most of its work) stream as convolutions without their biases and
 three pointwise passes: Snake into the dilated conv's left context, bias + Snake, bias + residual;
 the 1x1 conv is a matmul, which needs no layout change (cuDNN converts NCHW to NHWC and back around
-it); a Snake just before a conv goes into that conv's left context the same way. The encoder's
-units keep the module's own ops, so that reference codes are the reference
-implementation's, unless the engine compiles them (Encoder.stream_pointwise_with): fused as the
+it), in TF32 where cuDNN's convolutions are; a Snake just before a conv goes into that conv's left
+context the same way. The encoder's units keep the module's own ops, so that reference codes are the
+reference implementation's, unless the engine compiles them (Encoder.stream_pointwise_with): fused as the
 decoder's, each pass one kernel, the codes then equal up to VQ near-ties. With Triton on CUDA the
 engine streams the decoder channels-last instead (Decoder.use_channels_last,
 engine/model/channels_last_decoder.py): a residual unit is then two kernels.

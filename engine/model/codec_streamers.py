@@ -10,6 +10,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.nn.attention import sdpa_kernel
 
 from ..compiled_regions import compile_region
 from .channels_last_decoder import ChannelsLastDecoder
@@ -24,10 +25,11 @@ from .codec_convs import (
     biased_residual,
     biased_snake,
     context_snake,
+    matmuls_round_like_convs,
     weight_norm,
 )
 from .codec_transformer import LayerWeights, WindowLimitedTransformer, layer_forward, layer_weights
-from .layers import rope_table
+from .layers import PLAN_FREE_ATTENTION, rope_table
 from .stream_state import Rows, conv_weight, new_state, read_rows, write_rows, zero_rows
 from .tuned_conv import ShapeTunedConv1d
 
@@ -149,7 +151,8 @@ class _FusedResidual(Streamer):
             x, rows, lambda context, new: ops.context_snake(context, new, first_snake.alpha, first_snake.eps))
         y = _convolve_unbiased(dilated.conv, full)
         y = ops.biased_snake(y, dilated.conv.bias, second_snake.alpha, second_snake.eps)
-        y = torch.matmul(conv_weight(pointwise.conv).to(y.dtype)[..., 0], y)
+        with matmuls_round_like_convs():
+            y = torch.matmul(conv_weight(pointwise.conv).to(y.dtype)[..., 0], y)
         return ops.biased_residual(x, y, pointwise.conv.bias)
 
     def reset(self, rows: Rows | None) -> None:
@@ -328,10 +331,12 @@ class _Transformer(Streamer):
         mask = (band[None] & (slots[None, :] + pos[:, None] >= w1)[:, None, :])[:, None]  # (b, 1, n, w1 + n)
         write_rows(self.pos, rows, pos + n)
         h = x.transpose(1, 2)
-        for i, weights in enumerate(self.weights):
-            h, k, v = self.layer_forward(h, rope, mask, read_rows(self.k_cache[i], rows), read_rows(self.v_cache[i], rows), weights)
-            write_rows(self.k_cache[i], rows, k)
-            write_rows(self.v_cache[i], rows, v)
+        with sdpa_kernel(PLAN_FREE_ATTENTION):  # see layer_forward
+            for i, weights in enumerate(self.weights):
+                h, k, v = self.layer_forward(h, rope, mask, read_rows(self.k_cache[i], rows),
+                                             read_rows(self.v_cache[i], rows), weights)
+                write_rows(self.k_cache[i], rows, k)
+                write_rows(self.v_cache[i], rows, v)
         return self.m.norm(h).transpose(1, 2)
 
     def reset(self, rows: Rows | None) -> None:

@@ -108,7 +108,10 @@ def layer_forward(h: Tensor, rope: Tensor, mask: Tensor, k_cached: Tensor | None
     None), or of a streamed chunk whose queries also attend the cached keys and values (b, kv heads,
     window - 1, head dim) before it (codec_stream). Returns (h after the layer, the last window - 1
     keys, and values): a streamed chunk's caches for the next one. A function of tensors alone, so
-    that one torch.compile of it serves every layer (codec_stream.compiled_layer_forward)."""
+    that one torch.compile of it serves every layer (codec_stream.compiled_layer_forward). Callers
+    choose the attention backends around it (PLAN_FREE_ATTENTION: the codec's graphs run a shape per
+    row count and chunk length, for each of which cuDNN attention would build a plan at every start;
+    inside a compiled function the choice would keep its graphs out of the compiled regions' store)."""
     # The head layout from shapes that stay static under torch.compile (the parameters', and the
     # rope table's (..., head_dim / 2, 2)), not from ints: transformers of other layouts calling one
     # compiled function would turn such ints into symbols.
@@ -123,8 +126,7 @@ def layer_forward(h: Tensor, rope: Tensor, mask: Tensor, k_cached: Tensor | None
     if k_cached is not None:
         k = torch.cat([k_cached.to(k.dtype), k], 2)
         v = torch.cat([v_cached.to(v.dtype), v], 2)
-    with sdpa_kernel(PLAN_FREE_ATTENTION):  # the graphs' shapes would each build a cuDNN plan at every start
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=n_head != n_local_heads)
+    y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=n_head != n_local_heads)
     a = F.linear(y.transpose(1, 2).reshape(B, n, -1), w.wo)
     h = h + (a if w.attention_scale is None else a * w.attention_scale)
     x = rms_norm(h, w.ffn_norm, w.eps)
@@ -165,6 +167,7 @@ class WindowLimitedTransformer(nn.Module):
         rope = self.freqs_cis[:T].float()
         mask = window_mask(T, self.window_size, x.device)
         x = x.transpose(1, 2)
-        for layer in self.layers:
-            x = layer(x, rope, mask)
+        with sdpa_kernel(PLAN_FREE_ATTENTION):
+            for layer in self.layers:
+                x = layer(x, rope, mask)
         return self.norm(x).transpose(1, 2)
