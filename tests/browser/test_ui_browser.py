@@ -218,8 +218,10 @@ def test_speak_streams_plays_downloads_and_lands_in_history(page):
     shot(page, "history")
 
     # Regenerate restores text, voice, format and seed, and makes the same audio again.
+    # Back on the Speak tab once restored: the History tab opened before then would be left again.
+    assert page.locator("#speak-text textarea").is_hidden()
     page.click("#regenerate")
-    wait_text(page, "#speak-stats", "Seed")  # back on the Speak tab
+    page.locator("#speak-text textarea").wait_for(state="visible", timeout=30_000)
     assert page.locator("#speak-text textarea").input_value().startswith("Hello from a real browser")
     open_tab(page, "History")
     cell(page, "history-table", 1, 1).wait_for(timeout=GENERATION_TIMEOUT_MS)  # the new generation's row
