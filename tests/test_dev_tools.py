@@ -55,6 +55,22 @@ def test_the_encode_batches_are_distinct_sizes_of_at_least_one():
             profile_reference_encodes.parse_batches(bad)
 
 
+def test_encode_kernels_are_told_apart_by_kind():
+    kinds = {
+        "sm80_xmma_gemm_f32f32_f32f32_f32_tn_n_tilesize128x128x8_stage3_warpsize2x2x1_ffma_aligna4": "fp32 matmul on CUDA cores",
+        "void cutlass::Kernel2<cutlass_80_simt_sgemm_256x128_8x4_nn_align1>": "fp32 matmul on CUDA cores",
+        "sm90_xmma_gemm_f32f32_tf32f32_f32_tn_n_tilesize64x64x32_warpgroupsize1x1x1": "TF32 matmul",
+        "sm90_xmma_fprop_implicit_gemm_f32f32_tf32f32_f32_nhwckrsc_nhwc_tilesize128x128x32": "convolution",
+        "void implicit_convolve_sgemm<float, float, 1024, 5, 5, 3, 3, 3, 1, false, false, true>": "convolution",
+        "void cudnn::engines_precompiled::nchwToNhwcKernel<float, float, float, false, true>": "cuDNN layout copy",
+        "fmha_cutlassF_f32_aligned_64x64_rf_sm80(PyTorchMemEffAttention::AttentionKernel<float>": "attention",
+        "triton_poi_fused__scaled_dot_product_efficient_attention_add_constant_pad_nd_expand": "compiled (Inductor)",
+        "triton_poi_fused_add_cat_mul_pow_reciprocal_sin_0": "compiled (Inductor)",
+        "void at::native::elementwise_kernel<128, 2, at::native::CUDAFunctor_add<float>>": "other",
+    }
+    assert {name: profile_reference_encodes.kernel_kind(name) for name in kinds} == kinds
+
+
 def test_the_kernel_kinds_are_counted_per_call_and_sorted_by_time():
     class Kernel:
         def __init__(self, name, device_time):
@@ -104,13 +120,16 @@ def test_profile_codec_calls_times_each_bucket_and_the_parts_of_a_call(tmp_path)
 def test_profile_reference_encodes_times_each_batch_and_compares_the_paths(tmp_path):
     out = tmp_path / "encodes.json"
     run = run_tool("tools/profile_reference_encodes.py", "--weights", "demo", "--seconds", "1", "--batches", "1,2",
-                   "--compare", "--json", str(out))
+                   "--compare", "--top", "5", "--json", str(out))
     assert run.returncode == 0, run.stderr[-3000:]
     report = json.loads(out.read_text())
     assert [row["batch"] for row in report["batches"]] == [1, 2]
     assert all(row["ms_per_pass"] > 0 and row["ms_per_clip"] == row["ms_per_pass"] / row["batch"] for row in report["batches"])
     assert report["kernels_per_chunk"] > 0 and report["prepare_s"] > 0
     assert set(report["equal_codes"]) == {"1", "2"} and all(0 <= share <= 1 for share in report["equal_codes"].values())
+    times = [row["ms"] for row in report["top_kernels"]]
+    assert 0 < len(times) <= 5 and times == sorted(times, reverse=True)
+    assert sum(report["ms_by_kind"].values()) == pytest.approx(report["chunk_kernel_ms"])
 
 
 def test_the_startup_samples_are_summed_by_thread_stage_and_calling_region():

@@ -8,7 +8,8 @@ sets it up (`--compile on`: set_up_codec, as with Triton) or as written (`--comp
 
 For each batch size: the wall time from start() to every clip's codes on the host (what the engine
 waits for), a pass and a clip; the kernels of one 32-frame chunk at batch 1 (torch.profiler, one
-eager step); --top N, the N kernels that take the most GPU time in a chunk at the largest batch.
+eager step); --top N, a chunk's kernel time at the largest batch by kind (matmuls, convolutions,
+layout copies, attention, compiled passes) and the N kernels that take the most of it.
 --compare also encodes the same clips by the other path and reports the share of equal
 codes (with random weights VQ near-ties are many: a share below 1 there is not an error by itself;
 the GPU tests check the codes up to near-ties).
@@ -85,7 +86,9 @@ def main(argv=None) -> int:
           f"graphs compiled and captured in {report['prepare_s']:.1f} s")
     if args.top:
         kernels = report["top_kernels"]
-        print(f"costliest kernels of a chunk at batch {batches[-1]} ({report['chunk_kernel_ms']:.2f} ms of kernels):")
+        print(f"kernels of a chunk at batch {batches[-1]}, {report['chunk_kernel_ms']:.2f} ms: "
+              + ", ".join(f"{kind} {ms:.2f}" for kind, ms in report["ms_by_kind"].items()))
+        print("costliest:")
         for row in kernels:
             print(f"  {row['ms']:7.3f} ms {row['calls']:4d} x  {row['kernel'][:110]}")
     if args.compare:
@@ -143,6 +146,22 @@ def encoder_report(codec, compiled: bool, policy, clips, batches: list[int], tim
     return report
 
 
+# (kind, substrings of a kernel's name, any of which puts it there), in order: the first match counts.
+KERNEL_KINDS = [
+    ("fp32 matmul on CUDA cores", ("ffma", "simt_sgemm")),
+    ("convolution", ("fprop", "convolve", "dgrad")),
+    ("cuDNN layout copy", ("nchwToNhwc", "nhwcToNchw")),
+    ("TF32 matmul", ("tf32",)),
+    ("compiled (Inductor)", ("triton_",)),  # before attention: Inductor names its mask passes after it
+    ("attention", ("fmha", "attention")),
+]
+
+
+def kernel_kind(name: str) -> str:
+    """What a kernel does, from its name (KERNEL_KINDS), "other" if none says."""
+    return next((kind for kind, marks in KERNEL_KINDS if any(mark in name for mark in marks)), "other")
+
+
 def costliest_kernels(step, chunk_samples: int, batch: int, top: int) -> dict:
     """The kernels of one eager chunk at `batch` by their summed GPU time: the `top` costliest."""
     import torch
@@ -163,7 +182,11 @@ def costliest_kernels(step, chunk_samples: int, batch: int, top: int) -> dict:
             entry[0] += e.time_range.elapsed_us() / 1e3
             entry[1] += 1
     ranked = sorted(totals.items(), key=lambda item: -item[1][0])
+    kinds: dict[str, float] = {}
+    for name, (ms, _) in ranked:
+        kinds[kernel_kind(name)] = kinds.get(kernel_kind(name), 0.0) + ms
     return {"chunk_kernel_ms": sum(ms for ms, _ in totals.values()),
+            "ms_by_kind": dict(sorted(kinds.items(), key=lambda item: -item[1])),
             "top_kernels": [{"kernel": name, "ms": ms, "calls": calls} for name, (ms, calls) in ranked[:top]]}
 
 
