@@ -26,6 +26,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]  # the engine, and the scripts' shared options
+from profile_step import kernel_kinds  # noqa: E402
 from weight_options import add_weight_options, parse_with_weights, weight_config  # noqa: E402
 
 REPEATS = 5
@@ -175,19 +176,13 @@ def costliest_kernels(step, chunk_samples: int, batch: int, top: int) -> dict:
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             step.step(chunk)
             torch.cuda.synchronize()
-    totals: dict[str, list] = {}
-    for e in prof.events():
-        if e.device_type.name == "CUDA":
-            entry = totals.setdefault(e.name, [0.0, 0])
-            entry[0] += e.time_range.elapsed_us() / 1e3
-            entry[1] += 1
-    ranked = sorted(totals.items(), key=lambda item: -item[1][0])
+    ranked = kernel_kinds([e for e in prof.events() if e.device_type.name == "CUDA"], calls=1)
     kinds: dict[str, float] = {}
-    for name, (ms, _) in ranked:
-        kinds[kernel_kind(name)] = kinds.get(kernel_kind(name), 0.0) + ms
-    return {"chunk_kernel_ms": sum(ms for ms, _ in totals.values()),
+    for name, _, us in ranked:
+        kinds[kernel_kind(name)] = kinds.get(kernel_kind(name), 0.0) + us / 1e3
+    return {"chunk_kernel_ms": sum(us for _, _, us in ranked) / 1e3,
             "ms_by_kind": dict(sorted(kinds.items(), key=lambda item: -item[1])),
-            "top_kernels": [{"kernel": name, "ms": ms, "calls": calls} for name, (ms, calls) in ranked[:top]]}
+            "top_kernels": [{"kernel": name, "ms": us / 1e3, "calls": int(calls)} for name, calls, us in ranked[:top]]}
 
 
 if __name__ == "__main__":
