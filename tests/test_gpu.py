@@ -240,6 +240,14 @@ def test_the_decode_loop_and_codec_never_wait_for_the_gpu_outside_their_read_bac
     assert [o.codes.shape[1] for o in owners[:3]] == [20, 33, 45]
 
 
+def attention_ops(fn) -> set[str]:
+    """The names of the attention ops that fn() runs (torch.profiler, in inference mode)."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof, torch.inference_mode():
+        fn()
+        torch.cuda.synchronize()
+    return {e.name for e in prof.events() if "attention" in e.name}
+
+
 def test_prefill_attention_builds_no_cudnn_plan_per_prompt_length(s1_dir, s1_expected):
     """Prompt lengths vary per request, and cuDNN attention builds an execution plan for each new
     length (and compiles its first ones for up to ~1 s), so the runner's prefill keeps
@@ -249,12 +257,6 @@ def test_prefill_attention_builds_no_cudnn_plan_per_prompt_length(s1_dir, s1_exp
                          torch.bfloat16)
     prompt = s1_expected["prompt_b"].cuda().long()
     length = prompt.shape[1] - 1
-
-    def attention_ops(fn) -> set[str]:
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof, torch.inference_mode():
-            fn()
-            torch.cuda.synchronize()
-        return {e.name for e in prof.events() if "attention" in e.name}
 
     positions = torch.arange(length, device="cuda")[None]
     unrestricted = attention_ops(lambda: model.forward_slow(prompt[None, :, :length], new_cache(model).views(positions, length)))
@@ -282,12 +284,6 @@ def test_codec_attention_builds_no_cudnn_plan_per_shape():
         torch.nn.init.normal_(p, std=0.02)
     rows, n, w1 = 4, 16, cfg.window_size - 1
     chunk = torch.randn(rows, cfg.dim, n, device="cuda", dtype=torch.bfloat16)
-
-    def attention_ops(fn) -> set[str]:
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof, torch.inference_mode():
-            fn()
-            torch.cuda.synchronize()
-        return {e.name for e in prof.events() if "attention" in e.name}
 
     slots, steps = torch.arange(w1 + n, device="cuda"), torch.arange(n, device="cuda")
     mask = ((slots[None, :] >= steps[:, None]) & (slots[None, :] <= steps[:, None] + w1)).expand(rows, 1, n, w1 + n)
