@@ -151,6 +151,37 @@ def test_conv_kernel_equals_its_pytorch_form(dtype, c_in, c_out, k, dilation, ti
 
 
 @pytest.mark.gpu
+def test_conv_kernel_compiled_ahead_runs_only_after_the_block_and_compiles_no_more():
+    """Inside compiling_ahead() a conv only compiles its variant (Triton's post-compile hook fires
+    once, when the block ends); the real call after it compiles nothing and computes the conv."""
+    from engine.model import compile_ahead
+
+    ops = triton_ops()
+    if not compile_ahead.available():
+        pytest.skip("this Triton has no AsyncCompileMode")
+    import triton
+
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    x = torch.randn(2, 77 + 2 * 5, 40, device="cuda", generator=gen)  # a variant no other test launches
+    taps = torch.randn(3 * 40, 24, device="cuda", generator=gen) / 11
+    bias, alpha = torch.randn(24, device="cuda", generator=gen), torch.rand(24, device="cuda", generator=gen) + 0.3
+    epilogue = ck.Epilogue(alpha=alpha, eps=1e-9)
+    compiled = []
+    saved_hook = triton.knobs.runtime.jit_post_compile_hook
+    triton.knobs.runtime.jit_post_compile_hook = lambda **kw: compiled.append(kw["fn"].name)
+    try:
+        with compile_ahead.compiling_ahead(workers=2):
+            ops.conv(x, taps, bias, 5, epilogue)
+            assert compiled == []  # queued, not finished and not run
+        assert compiled == ["_conv_kernel"]
+        got = ops.conv(x, taps, bias, 5, epilogue)
+        assert compiled == ["_conv_kernel"]
+    finally:
+        triton.knobs.runtime.jit_post_compile_hook = saved_hook
+    torch.testing.assert_close(got, ck.conv_taps(x, taps, bias, 5, epilogue), rtol=5e-3, atol=5e-3)  # TF32 dots
+
+
+@pytest.mark.gpu
 def test_triton_channels_last_stream_equals_whole_decode_in_fp32(fixture_codec):
     ops = triton_ops()
     codec = copy.deepcopy(fixture_codec).cuda()

@@ -153,6 +153,16 @@ def test_pdl_can_be_turned_off_and_every_option_is_a_real_inductor_setting(monke
     assert "triton.enable_pdl" not in decide("auto", CUDA, LINUX_TRITON).inductor_options
 
 
+def test_the_codecs_regions_compile_without_pdl_and_the_decode_steps_with_it():
+    """PDL helps the decode step's chains of small kernels; elsewhere it would only cost the first
+    start a C compile of Triton's launcher per kernel signature."""
+    from engine.runtime.codec_runner import _codec_backend
+
+    policy = decide("auto", CUDA, LINUX_TRITON)
+    assert policy.inductor_backend().options == PDL
+    assert _codec_backend(policy).options == {}
+
+
 @pytest.mark.parametrize("weight_dtype", [torch.float32, torch.bfloat16])
 def test_single_row_matmul_equals_mm_and_leaves_batched_rows_alone(weight_dtype):
     gen = torch.Generator().manual_seed(0)

@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .codec_convs import snake
+from .compile_ahead import launch
 
 
 @dataclass(frozen=True)
@@ -242,15 +243,15 @@ def conv(x: Tensor, taps: Tensor, bias: Tensor, dilation: int, epilogue: Epilogu
     if residual is not None and (residual.shape != out.shape or not residual.is_contiguous()):
         raise ValueError(f"the residual must be contiguous {tuple(out.shape)}, got {tuple(residual.shape)}")
     grid = (triton.cdiv(length, tiles.block_m), batch, triton.cdiv(c_out, tiles.block_n))
-    _conv_kernel[grid](x, taps, bias, alpha if alpha is not None else bias,
-                       residual if residual is not None else out, out,
-                       length, x.stride(0), c_in, c_out, dilation, k * triton.cdiv(c_in, tiles.block_k), epilogue.eps,
-                       snake=alpha is not None, residual=residual is not None, tanh=epilogue.tanh,
-                       fast_sin=_has_ptx(x), even_k=c_in % tiles.block_k == 0,
-                       wide=max(full_length * c_in, length * c_out) + tiles.block_m * max(c_in, c_out) >= 2**31,
-                       precision="tf32" if torch.backends.cudnn.allow_tf32 else "ieee",
-                       block_m=tiles.block_m, block_n=tiles.block_n, block_k=tiles.block_k,
-                       num_warps=tiles.warps, num_stages=tiles.stages)
+    launch(_conv_kernel, grid, x, taps, bias, alpha if alpha is not None else bias,
+           residual if residual is not None else out, out,
+           length, x.stride(0), c_in, c_out, dilation, k * triton.cdiv(c_in, tiles.block_k), epilogue.eps,
+           snake=alpha is not None, residual=residual is not None, tanh=epilogue.tanh,
+           fast_sin=_has_ptx(x), even_k=c_in % tiles.block_k == 0,
+           wide=max(full_length * c_in, length * c_out) + tiles.block_m * max(c_in, c_out) >= 2**31,
+           precision="tf32" if torch.backends.cudnn.allow_tf32 else "ieee",
+           block_m=tiles.block_m, block_n=tiles.block_n, block_k=tiles.block_k,
+           num_warps=tiles.warps, num_stages=tiles.stages)
     return out
 
 
@@ -262,9 +263,8 @@ def context_snake(context: Tensor, x: Tensor, alpha: Tensor, eps: float) -> Tens
     block_c = triton.next_power_of_2(channels)
     block_t = max(1, 4096 // block_c)
     grid = (triton.cdiv(context_length + length, block_t), batch)
-    _context_snake_kernel[grid](context.contiguous(), x.contiguous(), alpha.reshape(channels).contiguous(), out,
-                                context_length, length, channels, eps, fast_sin=_has_ptx(x),
-                                block_t=block_t, block_c=block_c)
+    launch(_context_snake_kernel, grid, context.contiguous(), x.contiguous(), alpha.reshape(channels).contiguous(), out,
+           context_length, length, channels, eps, fast_sin=_has_ptx(x), block_t=block_t, block_c=block_c)
     return out
 
 

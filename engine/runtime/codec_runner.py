@@ -23,6 +23,7 @@ are padding (half, with powers of two alone).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import time
 from collections import defaultdict, deque
@@ -38,6 +39,7 @@ from ..model.codec import ModdedDAC
 from ..model.codec_stream import StreamingDecoder
 from ..model.codec_streamers import PointwiseOps, compiled_layer_forward, compiled_pointwise
 from ..model.codec_transformer import WindowLimitedTransformer
+from ..model.compile_ahead import compiling_ahead
 from ..model.stream_state import Rows
 from ..model.tuned_conv import tune_convs, tuning
 from .cuda_graphs import capture
@@ -77,10 +79,18 @@ def streamed_transformers(codec: ModdedDAC) -> list[WindowLimitedTransformer]:
     return [q.post_module, *encoder, q.pre_module]
 
 
+def _codec_backend(policy):
+    """Inductor for the codec's regions, without programmatic dependent launch: it shortens chains
+    of small kernels (a batch-1 decode step), not the codec's calls, and a kernel that may launch
+    with it needs Triton's launcher, a C module built by the C compiler at the first start, where
+    Inductor's own launcher needs none."""
+    return dataclasses.replace(policy, pdl=False).inductor_backend()
+
+
 @functools.cache
 def _compiled_pointwise(policy) -> PointwiseOps:
     """The encoder's compiled pointwise passes, one set per policy and process (see compiled_pointwise)."""
-    return compiled_pointwise(policy.inductor_backend())
+    return compiled_pointwise(_codec_backend(policy))
 
 
 @functools.cache
@@ -88,7 +98,7 @@ def _compiled_layers(policy) -> Callable:
     """One compiled layer_forward per policy and process: the graphs of every wrapper count against
     one recompile limit (see compiled_layer_forward), and engines built one after another (tests,
     reloads) share these, each codec's weights being inputs of the graphs."""
-    return compiled_layer_forward(policy.inductor_backend())
+    return compiled_layer_forward(_codec_backend(policy))
 
 
 # Row buckets: these sizes times the powers of two (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, ...).
@@ -151,19 +161,42 @@ class CodecRunner:
         seconds it took."""
         started = time.perf_counter()
         captured = len(self._graphs)
+        todo = [(bucket, n) for bucket in self.row_buckets if up_to is None or bucket <= up_to
+                for n in BLOCK_SIZES if (bucket, n) not in self._graphs]
         with torch.inference_mode(), tuning(self.decoder.codec.decoder):
-            for bucket in self.row_buckets:
-                if up_to is not None and bucket > up_to:
-                    break
-                for n in BLOCK_SIZES:
-                    if (bucket, n) not in self._graphs:
-                        self._capture(bucket, n)
+            self._compile_ahead(todo)
+            for bucket, n in todo:
+                self._capture(bucket, n)
         self.decoder.reset()
         if self.stream is not None:
             torch.cuda.synchronize()
         seconds = time.perf_counter() - started
         logger.info("captured {} codec CUDA graphs in {:.1f} s", len(self._graphs) - captured, seconds)
         return seconds
+
+    def _compile_ahead(self, graphs: list[tuple[int, int]]) -> None:
+        """Compile the channels-last decoder's Triton kernels of these (row bucket, length) graphs at
+        once (compile_ahead), by one call of each graph's decode whose kernels only compile; the
+        spare row's state they leave behind is reset by every replay and at the end of prepare()."""
+        if self.decoder.codec.decoder.channels_last is None:
+            return
+        with compiling_ahead() as ahead:
+            for bucket, n in graphs if ahead else []:
+                *_, decode = self._spare_decode(bucket, n)
+                decode()
+
+    def _spare_decode(self, bucket: int, n: int) -> tuple[torch.Tensor, torch.Tensor, Callable[[], torch.Tensor]]:
+        """The inputs (codes, rows' index) of a decode of n frames for `bucket` rows, all the spare
+        row, and that decode."""
+        codes = torch.zeros(bucket, self.num_codebooks, n, dtype=torch.long, device=self.device)
+        index = torch.full((bucket,), self.rows, dtype=torch.long, device=self.device)
+        rows = Rows(index, np.full(bucket, self.rows))
+
+        def decode() -> torch.Tensor:
+            self.decoder.reset_rows(self._spare)
+            return self.decoder.decode_rows(codes, rows)[:, 0]
+
+        return codes, index, decode
 
     def _capture(self, bucket: int, n: int) -> None:
         """Capture the graph decoding n frames for `bucket` rows (all the spare row while capturing).
@@ -174,14 +207,7 @@ class CodecRunner:
         table's length: the KV capacity plus a chunk, ~8,200 frames by default). The reset is 39
         small fills at full size (the row's 2.2 M state elements); its position alone would do, should
         those ever show in a profile."""
-        codes = torch.zeros(bucket, self.num_codebooks, n, dtype=torch.long, device=self.device)
-        index = torch.full((bucket,), self.rows, dtype=torch.long, device=self.device)
-        rows = Rows(index, np.full(bucket, self.rows))
-
-        def decode() -> torch.Tensor:
-            self.decoder.reset_rows(self._spare)
-            return self.decoder.decode_rows(codes, rows)[:, 0]
-
+        codes, index, decode = self._spare_decode(bucket, n)
         graph, audio = capture(decode, self.stream, self._pool)
         self._pool = graph.pool()
         self._graphs[(bucket, n)] = _Graph(graph, codes, index, audio)
