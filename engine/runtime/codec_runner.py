@@ -178,9 +178,10 @@ class CodecRunner:
         """Compile the channels-last decoder's Triton kernels of these (row bucket, length) graphs at
         once (compile_ahead), by one call of each graph's decode whose kernels only compile; the
         spare row's state they leave behind is reset by every replay and at the end of prepare()."""
-        if self.decoder.codec.decoder.channels_last is None:
+        if self.decoder.codec.decoder.channels_last is None or self.stream is None:
             return
-        with compiling_ahead() as ahead:
+        self.stream.wait_stream(torch.cuda.current_stream())
+        with compiling_ahead() as ahead, torch.cuda.stream(self.stream):
             for bucket, n in graphs if ahead else []:
                 *_, decode = self._spare_decode(bucket, n)
                 decode()
