@@ -23,6 +23,18 @@ def run_tool(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout)
 
 
+def test_the_codec_graphs_are_prepared_in_the_engines_steps():
+    class Runner:
+        row_buckets = [1, 2, 3, 4, 6, 8]
+
+        def prepare(self, up_to):
+            return float(up_to)
+
+    assert profile_codec_calls.prepare_like_the_engine(Runner()) == {2: 2.0, 3: 3.0, 4: 4.0, 6: 6.0, 8: 8.0}
+    Runner.row_buckets = [1]
+    assert profile_codec_calls.prepare_like_the_engine(Runner()) == {1: 1.0}
+
+
 def test_the_codec_fit_recovers_a_fixed_cost_and_a_cost_per_row():
     points = [(rows, 2.4 + 1.3 * rows) for rows in (1, 2, 4, 8, 16)]
     fixed, per_row = profile_codec_calls.fit_fixed_and_per_row(points)
@@ -105,10 +117,11 @@ def test_profile_step_times_and_profiles_the_demo_models_step(tmp_path):
 def test_profile_codec_calls_times_each_bucket_and_the_parts_of_a_call(tmp_path):
     out = tmp_path / "codec.json"
     run = run_tool("tools/profile_codec_calls.py", "--weights", "demo", "--rows", "2", "--row-buckets", "1,2",
-                   "--parts", "1x4", "--json", str(out))
+                   "--parts", "1x4", "--cache-dir", str(tmp_path / "caches"), "--json", str(out))
     assert run.returncode == 0, run.stderr[-3000:]
     report = json.loads(out.read_text())
     assert {c["rows"] for c in report["calls"]} == {1, 2} and all(c["ms"] > 0 for c in report["calls"])
+    assert list(report["prepare_s"]) == ["2"] and report["prepare_s"]["2"] > 0  # rows 1 and 2 in one step
     assert report["fits"]
     (part,) = report["parts"]
     assert (part["rows"], part["frames"]) == (1, 4)

@@ -2,12 +2,14 @@
 """What one codec call costs on the GPU, per row bucket and chunk length: the engine's own codec
 graphs (CodecRunner, its kernels and tuned convolutions), each replayed alone.
 
-    python tools/profile_codec_calls.py --weights random [--rows 64] [--row-buckets 1,2,3,4,6,8,...] [--json out.json]
+    python tools/profile_codec_calls.py --weights random [--rows 64] [--row-buckets 1,2,3,4,6,8,...] \
+        [--cache-dir DIR] [--json out.json]
 
 For each chunk length the script fits ms = fixed + per_row * bucket over the buckets: `fixed` is
 what every call costs whatever its rows (the decoder's ~1,500 kernels launched one after another),
 `per_row` what each row adds, padding rows included. Those two numbers say when fewer, fuller calls
-or finer buckets pay.
+or finer buckets pay. First it prepares the graphs as the engine does (rows 1 and 2, then each larger
+bucket) and prints how long each step took: with `--cache-dir` an empty dir, what a first start pays.
 
 --parts 1x4,8x32 also times a call's four parts for those rows x frames, each in a CUDA graph of
 its own: the codebooks' sum (VQ decode), the quantizer's post-transformer, its upsampler, the
@@ -42,12 +44,23 @@ def fit_fixed_and_per_row(points: list[tuple[int, float]]) -> tuple[float, float
     return mean_t - per_row * mean_r, per_row
 
 
+def prepare_like_the_engine(runner) -> dict[int, float]:
+    """Capture the runner's graphs as the engine does (graph_capture): those of one and two rows
+    before the first request, then each larger row bucket; {rows: seconds} per step, compiling and
+    capturing included."""
+    first = min(2, runner.row_buckets[-1])
+    steps = [first] + [rows for rows in runner.row_buckets if rows > first]
+    return {rows: runner.prepare(rows) for rows in steps}
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_weight_options(p, demo=True)
     p.add_argument("--rows", type=int, default=64, help="streams the runner holds (the engine's slots)")
     p.add_argument("--row-buckets", help="comma-separated row buckets to capture instead of the runner's own")
     p.add_argument("--parts", help="comma-separated ROWSxFRAMES calls whose parts to time (e.g. 1x4,8x32)")
+    p.add_argument("--cache-dir", type=Path,
+                   help="compile caches here, as the engine keeps them (an empty dir: what a first start pays)")
     p.add_argument("--json", type=Path)
     args = parse_with_weights(p, argv)
     parts = []
@@ -71,6 +84,8 @@ def main(argv=None) -> int:
     from engine.runtime.codec_runner import CodecRunner, set_up_codec
     from engine.runtime.scheduler import BLOCK_SIZES
 
+    if args.cache_dir:
+        compilation.configure_caches(args.cache_dir)
     models = load_models(EngineConfig(**weight_config(args.weights, args.checkpoint), device="cuda"))
     set_up_codec(models.codec, compilation.decide("on", torch.device("cuda")))  # as the Synthesizer
     runner = CodecRunner(models.codec, args.rows, max_frames=MAX_FRAMES)
@@ -78,7 +93,9 @@ def main(argv=None) -> int:
         runner.row_buckets = sorted({int(b) for b in args.row_buckets.split(",")})
         if runner.row_buckets[-1] > args.rows or runner.row_buckets[0] < 1:
             p.error(f"--row-buckets must lie in 1..{args.rows}")
-    runner.prepare()
+    prepare_s = prepare_like_the_engine(runner)
+    print(f"graphs prepared in {sum(prepare_s.values()):.1f} s: "
+          + ", ".join(f"up to {rows} rows {s:.2f} s" for rows, s in prepare_s.items()))
 
     calls = []
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -106,7 +123,8 @@ def main(argv=None) -> int:
     parts = [time_parts(runner, rows, frames) for rows, frames in parts]
     if args.json:
         args.json.write_text(json.dumps({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-                                         "rows": args.rows, "calls": calls, "fits": fits, "parts": parts}, indent=1))
+                                         "rows": args.rows, "prepare_s": prepare_s, "calls": calls, "fits": fits,
+                                         "parts": parts}, indent=1))
     return 0
 
 
