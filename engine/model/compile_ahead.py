@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import os
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
@@ -43,14 +44,17 @@ def compiling_ahead(workers: int | None = None) -> Iterator[bool]:
         yield False
         return
     workers = workers or min(16, os.cpu_count() or 1)
+    started = time.perf_counter()
     with ThreadPoolExecutor(workers, thread_name_prefix="triton-compile") as pool:
-        with triton.AsyncCompileMode(pool):
+        with triton.AsyncCompileMode(pool) as mode:
             token = _ahead.set(True)
             try:
                 yield True
             finally:
                 _ahead.reset(token)
-    logger.debug("compiled Triton kernels ahead on {} threads", workers)
+                queued = len(getattr(mode, "future_kernels", ()))  # Triton's own count, cleared on exit
+    logger.debug("compiled {} Triton kernels ahead on {} threads in {:.1f} s", queued, workers,
+                 time.perf_counter() - started)
 
 
 def launch(kernel, grid, *args, **kwargs) -> None:
