@@ -45,9 +45,10 @@ def fit_fixed_and_per_row(points: list[tuple[int, float]]) -> tuple[float, float
 
 
 def prepare_like_the_engine(runner) -> dict[int, float]:
-    """Capture the runner's graphs as the engine does (graph_capture): those of one and two rows
-    before the first request, then each larger row bucket; {rows: seconds} per step, compiling and
-    capturing included."""
+    """Capture the runner's graphs in steps, as the engine does (graph_capture): those of one and two
+    rows, as before the first request, then each larger row bucket on its own (the engine's later
+    steps take a decode batch bucket's, one or two row buckets); {rows: seconds} per step, compiling
+    and capturing included."""
     first = min(2, runner.row_buckets[-1])
     steps = [first] + [rows for rows in runner.row_buckets if rows > first]
     return {rows: runner.prepare(rows) for rows in steps}
