@@ -30,7 +30,7 @@ _ahead: contextvars.ContextVar[bool] = contextvars.ContextVar("compiling_ahead",
 
 
 def available() -> bool:
-    """Whether this Triton compiles asynchronously (its AsyncCompileMode, Triton >= 3.5)."""
+    """Whether this Triton compiles asynchronously (its AsyncCompileMode, which Triton 3.6 has)."""
     return triton is not None and hasattr(triton, "AsyncCompileMode")
 
 
