@@ -132,6 +132,12 @@ def compiled_pointwise(backend) -> PointwiseOps:
                         compiled(biased_residual, (rows_channels_steps, rows_channels_steps, (0,))))
 
 
+def _snake_on_the_way(ops: PointwiseOps, snake: Snake1d) -> Callable[[Tensor, Tensor], Tensor]:
+    """A conv's join (_Conv.with_context) that applies `snake` to the new steps as they go in after
+    the left context: one pointwise pass (PointwiseOps.context_snake)."""
+    return lambda context, new: ops.context_snake(context, new, snake.alpha, snake.eps)
+
+
 class _FusedResidual(Streamer):
     """ResidualUnit x + conv1(snake(conv7(snake(x)))) with the pointwise work fused (module docstring)."""
 
@@ -147,8 +153,7 @@ class _FusedResidual(Streamer):
     def step(self, x: Tensor, rows: Rows | None) -> Tensor:
         first_snake, dilated, second_snake, pointwise = self.m.block
         ops = self.ops
-        full = self.dilated.with_context(
-            x, rows, lambda context, new: ops.context_snake(context, new, first_snake.alpha, first_snake.eps))
+        full = self.dilated.with_context(x, rows, _snake_on_the_way(ops, first_snake))
         y = _convolve_unbiased(dilated.conv, full)
         y = ops.biased_snake(y, dilated.conv.bias, second_snake.alpha, second_snake.eps)
         with matmuls_round_like_convs():
@@ -216,8 +221,7 @@ class _SnakeThenConv(Streamer):
         self.conv = _Conv(conv, batch)
 
     def step(self, x: Tensor, rows: Rows | None) -> Tensor:
-        snake, ops = self.snake, self.ops
-        return self.conv.step(x, rows, lambda context, new: ops.context_snake(context, new, snake.alpha, snake.eps))
+        return self.conv.step(x, rows, _snake_on_the_way(self.ops, self.snake))
 
     def reset(self, rows: Rows | None) -> None:
         self.conv.reset(rows)
