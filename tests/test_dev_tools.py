@@ -100,6 +100,11 @@ def test_without_cuda_each_tool_says_it_needs_a_gpu(tool):
     assert run.returncode == 2 and "needs a CUDA GPU" in run.stderr
 
 
+def test_profile_reference_encodes_refuses_a_chunk_of_no_frames():
+    run = run_tool("tools/profile_reference_encodes.py", "--weights", "demo", "--chunk-frames", "0", timeout=120)
+    assert run.returncode == 2 and "--chunk-frames must be at least 1" in run.stderr
+
+
 @pytest.mark.gpu
 def test_profile_step_times_and_profiles_the_demo_models_step(tmp_path):
     out = tmp_path / "step.json"
@@ -133,12 +138,13 @@ def test_profile_codec_calls_times_each_bucket_and_the_parts_of_a_call(tmp_path)
 def test_profile_reference_encodes_times_each_batch_and_compares_the_paths(tmp_path):
     out = tmp_path / "encodes.json"
     run = run_tool("tools/profile_reference_encodes.py", "--weights", "demo", "--seconds", "1", "--batches", "1,2",
-                   "--compare", "--top", "5", "--json", str(out))
+                   "--chunk-frames", "8", "--compare", "--top", "5", "--json", str(out))
     assert run.returncode == 0, run.stderr[-3000:]
     report = json.loads(out.read_text())
     assert [row["batch"] for row in report["batches"]] == [1, 2]
     assert all(row["ms_per_pass"] > 0 and row["ms_per_clip"] == row["ms_per_pass"] / row["batch"] for row in report["batches"])
-    assert report["kernels_per_chunk"] > 0 and report["prepare_s"] > 0
+    assert report["kernels_per_chunk"] > 0 and report["prepare_s"] > 0 and report["chunk_frames"] == 8
+    assert "8-frame chunk" in run.stdout
     assert set(report["equal_codes"]) == {"1", "2"} and all(0 <= share <= 1 for share in report["equal_codes"].values())
     times = [row["ms"] for row in report["top_kernels"]]
     assert 0 < len(times) <= 5 and times == sorted(times, reverse=True)

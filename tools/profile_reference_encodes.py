@@ -4,10 +4,10 @@ per batch bucket, replayed chunk by chunk on its own stream), its encode path se
 sets it up (`--compile on`: set_up_codec, as with Triton) or as written (`--compile off`).
 
     python tools/profile_reference_encodes.py --weights random [--seconds 10] [--batches 1,4,8] \
-        [--compile on|off] [--compare] [--top N] [--json out.json]
+        [--compile on|off] [--chunk-frames N] [--compare] [--top N] [--json out.json]
 
 For each batch size: the wall time from start() to every clip's codes on the host (what the engine
-waits for), a pass and a clip; the kernels of one 32-frame chunk at batch 1 (torch.profiler, one
+waits for), a pass and a clip; the kernels of one chunk at batch 1 (torch.profiler, one
 eager step); --top N, a chunk's kernel time at the largest batch by kind (matmuls, convolutions,
 layout copies, attention, compiled passes) and the N kernels that take the most of it.
 --compare also encodes the same clips by the other path and reports the share of equal
@@ -50,6 +50,8 @@ def main(argv=None) -> int:
     p.add_argument("--batches", default="1,4,8", help="batch sizes to time (comma-separated)")
     p.add_argument("--compile", choices=["on", "off"], default="on",
                    help="on: the encode path as the engine sets it up with Triton; off: as written")
+    p.add_argument("--chunk-frames", type=int, default=None,
+                   help="frames a graph replay encodes (default: the engine's, engine.core.REFERENCE_CHUNK_FRAMES)")
     p.add_argument("--compare", action="store_true", help="also encode by the other path and compare the codes")
     p.add_argument("--top", type=int, default=0, help="list the N costliest kernels of a chunk at the largest batch")
     p.add_argument("--json", type=Path)
@@ -60,6 +62,8 @@ def main(argv=None) -> int:
         p.error(str(exc))
     if not 0 < args.seconds <= 60:
         p.error(f"--seconds must lie in (0, 60], got {args.seconds}")
+    if args.chunk_frames is not None and args.chunk_frames < 1:
+        p.error(f"--chunk-frames must be at least 1, got {args.chunk_frames}")
 
     import numpy as np
     import torch
@@ -71,6 +75,8 @@ def main(argv=None) -> int:
     from engine.core import REFERENCE_CHUNK_FRAMES
     from engine.loader import load_models
 
+    chunk_frames = args.chunk_frames or REFERENCE_CHUNK_FRAMES
+
     policy = compilation.decide("on", torch.device("cuda"))
     if args.compile == "on" and not policy.compile:
         p.error(f"--compile on needs what the engine compiles with: {policy.reason}")
@@ -78,12 +84,12 @@ def main(argv=None) -> int:
     rng = np.random.default_rng(0)
     clips = [(0.2 * rng.standard_normal(int(args.seconds * codec.config.sample_rate))).astype(np.float32) for _ in range(batches[-1])]
 
-    measured = encoder_report(codec, args.compile == "on", policy, clips, batches, top=args.top)
+    measured = encoder_report(codec, args.compile == "on", policy, clips, batches, chunk_frames, top=args.top)
     report = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "weights": args.weights,
-              "clip_seconds": args.seconds, "compile": args.compile, **measured}
+              "clip_seconds": args.seconds, "compile": args.compile, "chunk_frames": chunk_frames, **measured}
     for row in report["batches"]:
         print(f"batch {row['batch']}: {row['ms_per_pass']:.1f} ms a pass, {row['ms_per_clip']:.1f} ms a clip")
-    print(f"{report['kernels_per_chunk']} kernels a {REFERENCE_CHUNK_FRAMES}-frame chunk; "
+    print(f"{report['kernels_per_chunk']} kernels a {chunk_frames}-frame chunk; "
           f"graphs compiled and captured in {report['prepare_s']:.1f} s")
     if args.top:
         kernels = report["top_kernels"]
@@ -93,7 +99,7 @@ def main(argv=None) -> int:
         for row in kernels:
             print(f"  {row['ms']:7.3f} ms {row['calls']:4d} x  {row['kernel'][:110]}")
     if args.compare:
-        other = encoder_report(codec, args.compile != "on", policy, clips, batches, timed=False)
+        other = encoder_report(codec, args.compile != "on", policy, clips, batches, chunk_frames, timed=False)
         report["equal_codes"] = {str(b): float(np.concatenate([(x == y).ravel() for x, y in zip(mine, theirs)]).mean())
                                  for b, mine, theirs in zip(batches, measured["codes"], other["codes"])}
         print("equal codes with the other path: " + ", ".join(f"batch {b} {share:.4f}" for b, share in report["equal_codes"].items()))
@@ -103,14 +109,14 @@ def main(argv=None) -> int:
     return 0
 
 
-def encoder_report(codec, compiled: bool, policy, clips, batches: list[int], timed: bool = True, top: int = 0) -> dict:
-    """A ReferenceEncoder on a copy of codec, set up as the engine would (compiled or as written):
-    its graphs' set-up time, each batch's timings (when timed) and codes, kernels a chunk, and with
-    `top` the costliest kernels of a chunk at the largest batch."""
+def encoder_report(codec, compiled: bool, policy, clips, batches: list[int], chunk_frames: int,
+                   timed: bool = True, top: int = 0) -> dict:
+    """A ReferenceEncoder of `chunk_frames`-frame chunks on a copy of codec, set up as the engine
+    would (compiled or as written): its graphs' set-up time, each batch's timings (when timed) and
+    codes, kernels a chunk, and with `top` the costliest kernels of a chunk at the largest batch."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    from engine.core import REFERENCE_CHUNK_FRAMES
     from engine.runtime.codec_runner import set_up_codec
     from engine.runtime.reference_encoder import ReferenceEncoder
 
@@ -118,7 +124,7 @@ def encoder_report(codec, compiled: bool, policy, clips, batches: list[int], tim
     if compiled:
         set_up_codec(codec, policy)
     frames = -(-len(clips[0]) // codec.config.frame_length)
-    encoder = ReferenceEncoder(codec, REFERENCE_CHUNK_FRAMES, max_frames=frames, max_batch=batches[-1])
+    encoder = ReferenceEncoder(codec, chunk_frames, max_frames=frames, max_batch=batches[-1])
     prepare_s = encoder.prepare()
     rows, codes = [], []
     for batch in batches:
