@@ -39,6 +39,7 @@ DRAIN_S = 3
 SERVE_DRAIN_S = 25
 KEEP_ALIVE_S = 75  # idle HTTP connections: longer than the usual client and proxy pools keep theirs
 _TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -184,8 +185,13 @@ def _flag_or_env(value, environ, *names):
 
 
 def _switch(flag: bool | None, environ, name: str) -> bool:
-    """An on/off flag (None when not given), else its variable (1/true/yes/on)."""
-    return bool(flag) if flag is not None else environ.get(name, "").lower() in _TRUE
+    """An on/off flag (None when not given), else its variable (1/true/yes/on or 0/false/no/off)."""
+    if flag is not None:
+        return bool(flag)
+    raw = environ.get(name, "")
+    if raw.strip().lower() in _TRUE | _FALSE:
+        return raw.strip().lower() in _TRUE
+    raise ValueError(f"{name} must be true or false (1/0, yes/no, on/off), got {raw!r}")
 
 
 def plan_server(args, environ) -> ServerPlan:
@@ -242,7 +248,10 @@ def plan_server(args, environ) -> ServerPlan:
     voices, _ = _flag_or_env(args.openai_voices, environ, "S1_MINI_OPENAI_VOICES")
     openai_voices = tuple(parse_openai_voices(voices or "").items())
     drain, _ = _flag_or_env(args.drain_seconds, environ, "S1_MINI_DRAIN_SECONDS")
-    drain_s = float(drain) if drain is not None else (SERVE_DRAIN_S if serve_mode else DRAIN_S)
+    try:
+        drain_s = float(drain) if drain is not None else (SERVE_DRAIN_S if serve_mode else DRAIN_S)
+    except ValueError:
+        raise ValueError(f"--drain-seconds (S1_MINI_DRAIN_SECONDS) must be a number of seconds, got {drain!r}") from None
     if not 0 <= drain_s <= 3600:
         raise ValueError(f"--drain-seconds must be between 0 and 3600, got {drain}")
     return ServerPlan(host, port, root or "", api_key, share, tuple(reasons), ui, cors_origins, openai_voices,

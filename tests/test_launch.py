@@ -228,6 +228,19 @@ def test_no_ui_plan_and_its_conflict_with_share():
         launch.plan_server(parse("--no-ui", "--share"), {})
 
 
+@pytest.mark.parametrize("name,raw", [("S1_MINI_NO_UI", "maybe"), ("S1_MINI_SHARE", "ture")])
+def test_an_on_off_variable_that_is_neither_stops_the_start(name, raw):
+    assert launch.plan_server(parse(), {name: "off"}).ui is True
+    with pytest.raises(ValueError, match=f"{name} must be true or false.*{raw}"):
+        launch.plan_server(parse(), {name: raw})
+
+
+def test_drain_seconds_that_are_not_a_number_name_the_setting():
+    assert launch.plan_server(parse(), {"S1_MINI_DRAIN_SECONDS": "7.5"}).drain_s == 7.5
+    with pytest.raises(ValueError, match=r"S1_MINI_DRAIN_SECONDS\) must be a number of seconds, got 'abc'"):
+        launch.plan_server(parse(), {"S1_MINI_DRAIN_SECONDS": "abc"})
+
+
 def test_api_only_server_runs_without_gradio_installed(tmp_path):
     """--no-ui on a machine without Gradio (an import of it fails here): the REST API serves, and /
     sends a browser to the API docs."""
