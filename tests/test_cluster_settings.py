@@ -41,6 +41,18 @@ def test_checked_in_serve_configs_are_valid_and_build(name, config):
     assert engine.ray_actor_options["num_gpus"] == app["args"]["gpus_per_replica"]
 
 
+def test_the_kuberay_gpu_workers_scale_with_the_engine_replicas():
+    service = yaml.safe_load((DEPLOY / "kuberay-rayservice.yaml").read_text())["spec"]
+    (app,) = yaml.safe_load(service["serveConfigV2"])["applications"]
+    cluster = service["rayClusterConfig"]
+    (gpus,) = [group for group in cluster["workerGroupSpecs"] if group["groupName"] == "gpu"]
+    assert cluster["enableInTreeAutoscaling"] is True  # without the autoscaler the group stays at `replicas`
+    per_worker = int(gpus["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"])
+    replicas_per_worker = per_worker // app["args"]["gpus_per_replica"]
+    assert gpus["minReplicas"] * replicas_per_worker <= app["args"]["min_replicas"]
+    assert gpus["maxReplicas"] * replicas_per_worker >= app["args"]["max_replicas"]
+
+
 def test_autoscaling_settings_reach_the_engine_deployment():
     settings = ClusterSettings.from_args({"min_replicas": "1", "max_replicas": "4", "target_ongoing_requests": "16"})
     options = settings.engine_options()
@@ -71,6 +83,17 @@ def test_replicas_take_what_their_engine_takes():
     assert engine.max_ongoing_requests == 3 + 5 and engine.max_queued_requests == 2 * (3 + 5)
     # The engine's queue also holds what Serve sends while cancelled requests are leaving the engine.
     assert engine.init_args[0].max_queue == 5 + (3 + 5)
+
+
+def test_a_serve_config_takes_cors_origins_and_openai_voices_from_its_environment(monkeypatch):
+    monkeypatch.setenv("S1_MINI_CORS_ORIGINS", "https://app.example.com/, https://b.example")
+    monkeypatch.setenv("S1_MINI_OPENAI_VOICES", "alloy=narrator")
+    ingress = build({"replicas": 1, "gpus_per_replica": 0})._bound_deployment  # noqa: SLF001
+    assert ingress.init_kwargs["cors_origins"] == ("https://app.example.com", "https://b.example")
+    assert ingress.init_kwargs["openai_voices"] == {"alloy": "narrator"}
+    monkeypatch.setenv("S1_MINI_OPENAI_VOICES", "alloy")
+    with pytest.raises(InputError, match="S1_MINI_OPENAI_VOICES"):
+        build({"replicas": 1, "gpus_per_replica": 0})
 
 
 @pytest.mark.parametrize("bad", [{"min_replicas": 2}, {"min_replicas": 3, "max_replicas": 2}, {"replicas": 0},

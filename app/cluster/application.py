@@ -16,6 +16,7 @@ from engine.config import EngineConfig
 from engine.device import AUTO_SLOTS, AUTO_SLOTS_ELSEWHERE
 from engine.errors import InputError
 
+from ..settings import parse_openai_voices, parse_origins
 from .ingress import ENGINE_DEPLOYMENT, Ingress
 from .remote_engine import CLUSTER_FULL_RETRY_S
 from .replica import EngineReplica
@@ -140,7 +141,9 @@ def application(config: EngineConfig, settings: ClusterSettings, root_path: str 
 
 def build(args: dict):
     """Serve config entry point. Engine settings come from S1_MINI_* variables (the config's
-    runtime_env) and from `args` named like EngineConfig's fields; the rest from ClusterSettings'."""
+    runtime_env) and from `args` named like EngineConfig's fields; the web ones (CORS origins,
+    OpenAI voice names) from S1_MINI_CORS_ORIGINS and S1_MINI_OPENAI_VOICES, as on launch.py; the
+    rest from ClusterSettings'."""
     args = dict(args or {})
     engine_fields = {f.name for f in fields(EngineConfig)}
     environ = dict(os.environ)
@@ -149,4 +152,9 @@ def build(args: dict):
     settings = ClusterSettings.from_args(args)
     if args.get("max_ongoing_requests") is None:
         settings = replace(settings, max_ongoing_requests=replica_places(config, settings.gpus_per_replica > 0))
-    return application(config, settings, root_path=str(args.get("root_path") or ""))
+    try:
+        openai_voices = parse_openai_voices(environ.get("S1_MINI_OPENAI_VOICES", ""))
+    except ValueError as exc:
+        raise InputError(f"S1_MINI_OPENAI_VOICES: {exc}") from None
+    return application(config, settings, root_path=str(args.get("root_path") or ""),
+                       cors_origins=parse_origins(environ.get("S1_MINI_CORS_ORIGINS", "")), openai_voices=openai_voices)
