@@ -88,7 +88,7 @@ def slots_that_fit(requested: int, bytes_per_slot: int, device: torch.device) ->
     fit = int(free * KV_MEMORY_SHARE // bytes_per_slot)
     if fit < 1:
         raise DeviceError(f"not enough free GPU memory for one sequence ({bytes_per_slot / 1e9:.2f} GB of KV cache "
-                          f"needed, {free / 1e9:.2f} GB free); lower --max-context or free the GPU")
+                          f"needed, {free / 1e9:.2f} GB free); lower S1_MINI_MAX_CONTEXT or --max-batch-size, or free the GPU")
     if fit < wanted:
         return fit, f"{how}, capped to what fits in half of the {free / 1e9:.1f} GB free GPU memory"
     return wanted, how
