@@ -45,6 +45,10 @@ fi
 
 export S1_TEST_COMPILE_CACHE="${S1_TEST_COMPILE_CACHE:-$PWD/.pytest_cache/compile-cache}" PYTHONUNBUFFERED=1
 # Only the files that hold GPU tests: the others need packages (Gradio, the API clients) that a GPU
-# machine set up for the engine may lack, and have nothing to run here.
-mapfile -t files < <(grep -rlE "pytest\.mark\.gpu" tests --include="test_*.py" | sort)
+# machine set up for the engine may lack, and have nothing to run here. Test paths among the
+# arguments (tests/test_gpu.py, tests/test_gpu.py::test_name) run instead of all of them.
+files=()
+if ! printf '%s\n' "$@" | grep -q '^tests/'; then
+  mapfile -t files < <(grep -rlE "pytest\.mark\.gpu" tests --include="test_*.py" | sort)
+fi
 exec python3 -m pytest -m gpu -n "${GPU_TEST_WORKERS:-4}" --dist loadfile --durations 20 -q -rs "${files[@]}" "$@"
