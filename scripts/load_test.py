@@ -353,7 +353,7 @@ def run_against_server(args, levels: list[int]) -> list[dict]:
 
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
     # Idle connections expire before a server with uvicorn's default keep-alive (5 s) closes them: a
-    # request sent on one it was closing failed with "Server disconnected" between levels.
+    # request sent on a connection the server is closing fails with "Server disconnected".
     limits = httpx.Limits(max_connections=max(levels) + 4, keepalive_expiry=2.0)
     with httpx.Client(base_url=args.url, headers=headers, timeout=600, limits=limits) as client:
         ready = client.get("/ready")
