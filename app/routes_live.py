@@ -57,7 +57,7 @@ def build_router(synth: SpeechService, guard: ApiKeyGuard) -> APIRouter:
     @router.websocket("/tts/live")
     async def live(ws: WebSocket):
         try:
-            guard(ws)
+            await guard(ws)
         except HTTPProblem as problem:
             await ws.close(code=1008, reason=problem.message[:120])
             return

@@ -6,9 +6,12 @@ from __future__ import annotations
 import threading
 
 import httpx
+import ormsgpack
 import pytest
 from gradio_client import Client
 from gradio_client.exceptions import AuthenticationError
+from websockets.exceptions import InvalidStatus
+from websockets.sync.client import connect
 
 from tests.test_app_support import FAST, DemoServer, assert_audio, error_message
 
@@ -28,6 +31,9 @@ PROTECTED = [
     ("GET", "/v1/references/list"),
     ("DELETE", "/v1/references/delete"),
     ("POST", "/v1/references/update"),
+    ("POST", "/v1/vqgan/encode"),
+    ("POST", "/v1/vqgan/decode"),
+    ("GET", "/v1/models"),
 ]
 
 
@@ -59,6 +65,23 @@ def test_routes_refuse_a_missing_or_wrong_key(http, method, path, headers):
     assert r.status_code == 401
     assert r.headers["www-authenticate"] == "Bearer"
     assert "Authorization: Bearer" in error_message(r)
+
+
+@pytest.mark.parametrize("headers", [{}, {"authorization": "Bearer wrong"}], ids=["none", "wrong"])
+def test_the_live_websocket_refuses_a_missing_or_wrong_key(server, headers):
+    with pytest.raises(InvalidStatus) as refused:
+        connect(server.url.replace("http", "ws", 1) + "/v1/tts/live", additional_headers=headers, open_timeout=30)
+    assert refused.value.response.status_code == 403
+
+
+def test_the_live_websocket_speaks_with_the_key(server):
+    with connect(server.url.replace("http", "ws", 1) + "/v1/tts/live", additional_headers=GOOD, open_timeout=30) as ws:
+        ws.send(ormsgpack.packb({"event": "start", "request": {"text": "", "format": "wav", **FAST}}))
+        ws.send(ormsgpack.packb({"event": "text", "text": "Authorized live speech."}))
+        ws.send(ormsgpack.packb({"event": "stop"}))
+        messages = [ormsgpack.unpackb(m) for m in ws]
+    assert messages[-1] == {"event": "finish", "reason": "stop"}
+    assert_audio(b"".join(m["audio"] for m in messages if m["event"] == "audio"))
 
 
 def test_right_key_opens_the_api(http):
