@@ -39,6 +39,20 @@ _SENTENCE_END = re.compile(r"[.!?;…]+[\"')\]]*(?=\s|$)|[。！？；]+")
 _END = None  # the segments queue's end marker
 
 
+def within_limit(text: str, limit: int) -> list[str]:
+    """`text` in pieces of at most `limit` characters (0: no limit), each cut after its last sentence
+    end, else at its last space, else at the limit."""
+    pieces = []
+    while limit and len(text) > limit:
+        ends = [m.end() for m in _SENTENCE_END.finditer(text) if m.end() <= limit]
+        cut = ends[-1] if ends else text.rfind(" ", 0, limit + 1)
+        cut = cut if cut > 0 else limit
+        pieces.append(text[:cut])
+        text = text[cut:]
+    pieces.append(text)
+    return [piece.strip() for piece in pieces if piece.strip()]
+
+
 def split_complete(buffer: str, chunk_length: int) -> tuple[str, str]:
     """(text ready to speak, text to keep waiting for more): up to the last sentence end, or up to
     the last space once the buffer is longer than a chunk without one."""
@@ -75,13 +89,23 @@ def build_router(synth: SpeechService, guard: ApiKeyGuard) -> APIRouter:
 
 
 async def _start(ws: WebSocket) -> TTSRequest:
-    message = _unpack(await ws.receive_bytes())
+    message = await _receive_map(ws)
     if message.get("event") != "start" or not isinstance(message.get("request"), dict):
         raise HTTPProblem(400, 'the first message must be {"event": "start", "request": {...}}')
     try:
         return TTSRequest.model_validate({**message["request"], "text": ""})
     except ValidationError as e:
         raise HTTPProblem(400, describe(e.errors())) from None
+
+
+async def _receive_map(ws: WebSocket) -> dict:
+    """The next message; a text frame is the client's error, as is a binary one that is not a map."""
+    message = await ws.receive()
+    if message["type"] == "websocket.disconnect":
+        raise WebSocketDisconnect(message.get("code", 1000), message.get("reason"))
+    if message.get("bytes") is None:
+        raise HTTPProblem(400, "messages must be msgpack maps in binary frames, got a text frame")
+    return _unpack(message["bytes"])
 
 
 def _unpack(data: bytes) -> dict:
@@ -137,7 +161,7 @@ class LiveSession:
     async def _receive(self):
         try:
             while True:
-                message = _unpack(await self.ws.receive_bytes())
+                message = await _receive_map(self.ws)
                 event = message.get("event")
                 if event == "text":
                     if not isinstance(message.get("text"), str):
@@ -157,5 +181,6 @@ class LiveSession:
             self.segments.put(_END)
 
     def _speak(self, text: str):
-        if text.strip():
-            self.segments.put(text.strip())
+        # A segment is one engine request: a long text event is cut to the server's limit.
+        for piece in within_limit(text, self.synth.max_text_length):
+            self.segments.put(piece)

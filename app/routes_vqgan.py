@@ -75,4 +75,7 @@ def build_router(engine) -> APIRouter:
 def _rectangular(codes: list[list[int]]) -> np.ndarray:
     if len({len(row) for row in codes}) > 1:
         raise InputError("every codebook's row of codes must have the same length")
-    return np.asarray(codes, dtype=np.int64)
+    try:
+        return np.asarray(codes, dtype=np.int64)
+    except OverflowError:
+        raise InputError("a code is far out of range: each codebook's codes lie between 0 and its size - 1") from None

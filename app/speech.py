@@ -80,6 +80,11 @@ class SpeechService:
     def sample_rate(self) -> int:
         return self.engine.sample_rate
 
+    @property
+    def max_text_length(self) -> int:
+        """Characters per request; 0 = no limit (or one this process does not know: a cluster's)."""
+        return int(getattr(getattr(self.engine, "config", None), "max_text_length", 0) or 0)
+
     def synthesize(self, text: str, voice: Voice, params: SamplingParams) -> SynthesisResult:
         result = self.engine.synthesize(text, params=params, **voice.engine_kwargs())
         self._observe_result(result)

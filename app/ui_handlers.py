@@ -137,7 +137,7 @@ class Handlers:
     @property
     def max_text_length(self) -> int:
         """Characters per request; 0 = no limit."""
-        return int(getattr(getattr(self.synth.engine, "config", None), "max_text_length", 0) or 0)
+        return self.synth.max_text_length
 
     @property
     def max_reference_seconds(self) -> float | None:

@@ -21,6 +21,8 @@ from fish_audio_sdk import TTSRequest as LegacyTTSRequest
 from fishaudio import FishAudio
 from fishaudio.types import Prosody, TTSConfig
 from pydub import AudioSegment
+from websockets.exceptions import ConnectionClosedError
+from websockets.sync.client import connect
 
 from tests.test_app_support import (
     FAST,
@@ -294,6 +296,27 @@ def test_fish_live_websocket_resamples_and_reports_errors(fish):
                                        config=TTSConfig(**FISH_FAST)))
 
 
+def test_fish_live_websocket_speaks_a_text_event_over_the_length_limit_in_pieces(fish):
+    text = "A sentence the agent wrote at once. " * 60  # 2,160 characters: over the server's 2,000
+    data = b"".join(fish.tts.stream_websocket(iter([text]), format="wav", config=TTSConfig(**FISH_FAST)))
+    check_audio(data, SAMPLE_RATE, 2 * ONE_FRAME_S)
+
+
+@pytest.mark.parametrize("after_start", [False, True], ids=["first", "after-start"])
+def test_a_text_frame_on_the_live_websocket_is_the_clients_error(server, after_start):
+    with connect(server.url.replace("http", "ws", 1) + "/v1/tts/live", open_timeout=30) as ws:
+        if after_start:
+            ws.send(ormsgpack.packb({"event": "start", "request": {"text": "", **FISH_FAST}}))
+        ws.send(json.dumps({"event": "text", "text": "Hello."}))
+        messages = []
+        with pytest.raises(ConnectionClosedError) as closed:
+            while True:
+                messages.append(ormsgpack.unpackb(ws.recv(timeout=60)))
+    assert messages[-1]["event"] == "finish" and messages[-1]["reason"] == "error"
+    assert "binary frames, got a text frame" in messages[-1]["message"]
+    assert closed.value.rcvd.code == 1008  # the client's error, not the server's (1011)
+
+
 def test_fish_sdk_calls_with_no_route_here_fail_clearly(fish):
     from fishaudio.exceptions import ServerError
 
@@ -339,6 +362,9 @@ def test_vqgan_encode_then_decode(http):
     assert_audible(audio, 1.0, SAMPLE_RATE)
     bad = http.post("/v1/vqgan/decode?format=json", json={"tokens": [[[5000] * 3] * 10]})
     assert bad.status_code == 400 and "codebook 0" in bad.json()["message"]
+    for huge in (2**63, -(2**63) - 1):  # beyond int64: refused as the codes they are, not a server error
+        bad = http.post("/v1/vqgan/decode?format=json", json={"tokens": [[[huge]] * 10]})
+        assert bad.status_code == 400 and "out of range" in bad.json()["message"]
 
 
 # ---- browsers ----------------------------------------------------------------------------------

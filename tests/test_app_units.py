@@ -215,3 +215,14 @@ def test_live_session_speaks_complete_sentences(buffer, ready, rest):
     from app.routes_live import split_complete
 
     assert split_complete(buffer, 200) == (ready, rest)
+
+
+def test_live_session_cuts_ready_text_to_the_servers_limit():
+    from app.routes_live import within_limit
+
+    assert within_limit("One. Two. Three.", 0) == ["One. Two. Three."]
+    assert within_limit("One. Two. Three.", 10) == ["One. Two.", "Three."]  # after a sentence end
+    assert within_limit("one two three four", 9) == ["one two", "three", "four"]  # else at a space
+    assert within_limit("abcdefghij", 4) == ["abcd", "efgh", "ij"]  # else at the limit
+    assert within_limit("It is 2.5 m. Then", 8) == ["It is", "2.5 m.", "Then"]  # a number's dot ends nothing
+    assert all(len(piece) <= 37 for piece in within_limit("A sentence the agent wrote at once. " * 60, 37))
