@@ -83,7 +83,7 @@ def error_body(problem: Problem, openai: bool = False) -> dict:
     if openai:
         kind = "invalid_request_error" if problem.status < 500 else "server_error"
         return {"error": {"message": problem.message, "type": kind, "code": problem.status}}
-    return {"statusCode": problem.status, "error": reason, "message": problem.message}
+    return {"statusCode": problem.status, "error": reason, "message": problem.message, "detail": problem.message}
 
 
 # ---- the documented error shapes ------------------------------------------------------------------
@@ -95,6 +95,8 @@ class ErrorBody(BaseModel):
     statusCode: int = Field(description="The HTTP status again.")  # noqa: N815 (the reference server's name)
     error: str = Field(description="The status's reason phrase.")
     message: str = Field(description="What was wrong and what to do.")
+    detail: str = Field(description="The message again, where clients of FastAPI's shape (the legacy "
+                                    "fish_audio_sdk) read it.")
 
 
 class OpenAIError(BaseModel):

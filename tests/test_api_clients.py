@@ -267,6 +267,14 @@ def test_fish_legacy_session_stream_receives_audio_before_the_end(server, http):
     check_audio(streamed, SAMPLE_RATE)
 
 
+def test_fish_legacy_session_reports_the_servers_message(server):
+    from fish_audio_sdk import HttpCodeErr
+
+    with pytest.raises(HttpCodeErr) as refused:
+        Session("unused", base_url=server.url).get_api_credit()
+    assert refused.value.status == 501 and "not offered" in refused.value.message
+
+
 def test_fish_live_websocket_sends_audio_before_the_last_text(fish):
     first_audio = threading.Event()
     audio_before_last_text = []
