@@ -19,7 +19,8 @@ def build_router(engine, metrics: Metrics, guard, replicas=None) -> APIRouter:
 
     # Open to everyone, as load balancers and RunPod's proxy probe it without a key;
     # /v1/health is the reference server's path for the same answer.
-    @router.api_route("/health", methods=["GET", "POST"], summary="The process is alive")
+    @router.get("/health", summary="The process is alive", operation_id="health")
+    @router.post("/health", summary="The process is alive", operation_id="health_post")
     @router.api_route("/v1/health", methods=["GET", "POST"], include_in_schema=False)
     async def health():
         return {"status": "ok"}

@@ -84,6 +84,9 @@ def test_openapi_lists_every_route_and_docs_render(http):
         assert path in paths, path
     schema = paths["/v1/tts"]["post"]["requestBody"]["content"]
     assert set(schema) == {"application/json", "application/msgpack", "multipart/form-data"}
+    # Client generators name a method after its operation's id: one id per operation.
+    ids = [operation["operationId"] for methods in paths.values() for operation in methods.values()]
+    assert len(ids) == len(set(ids)), sorted(i for i in ids if ids.count(i) > 1)
     docs = http.get("/docs")
     assert docs.status_code == 200 and "swagger" in docs.text.lower()
 
