@@ -10,10 +10,10 @@ from fastapi import APIRouter, Request
 from starlette.concurrency import run_in_threadpool
 
 from .api_schema import AddReferenceRequest, DeleteReferenceRequest, RenameReferenceRequest
-from .body import BODY_TYPES, read_body, validate
+from .body import BODY_TYPES, media_type, read_body, validate
 from .negotiation import documented
 from .negotiation import negotiated as _answer
-from .errors import error_responses
+from .errors import HTTPProblem, error_responses
 from .openapi import request_body
 
 
@@ -47,6 +47,9 @@ def build_router(voices) -> APIRouter:
         """The id comes in the body, or as the query parameter `reference_id`."""
         if "reference_id" in request.query_params:
             req = validate(DeleteReferenceRequest, dict(request.query_params))
+        elif not media_type(request) and not await request.body():
+            raise HTTPProblem(422, "reference_id is missing: name the voice to delete with ?reference_id=ID "
+                                   "or in a JSON or msgpack body")
         else:
             req = await read_body(request, DeleteReferenceRequest)
         await run_in_threadpool(voices.delete, req.reference_id)

@@ -356,6 +356,7 @@ BAD_REQUESTS = [
         "Content-Type",
     ),
     ("no body", "POST", "/v1/tts", {}, 415, "Content-Type"),
+    ("delete naming no voice", "DELETE", "/v1/references/delete", {}, 422, "?reference_id=ID"),
     (
         "reference not base64",
         "POST",
