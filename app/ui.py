@@ -80,7 +80,9 @@ def _sampling_controls(max_new_tokens: int) -> list[gr.components.Component]:
         slider("chunk_length", "Chunk length", P.CHUNK_LENGTH_RANGE, (100, 400), 8, d.chunk_length,
                "Characters spoken per step; long texts are split at sentence ends."),
         gr.Number(
-            label="Seed", value=d.seed, precision=0, minimum=P.SEED_RANGE[0], maximum=P.SEED_RANGE[1],
+            # No minimum/maximum here: Gradio would refuse a value out of range with a bare toast;
+            # the handlers say what is wrong next to the button that ran (concrete_seed).
+            label="Seed", value=d.seed, precision=0,
             info="The same seed and settings give the same audio; 0 = a new seed each time (shown in the stats).",
             elem_id="set-seed",
         ),
@@ -260,7 +262,8 @@ def build_ui(synth: SpeechService, settings: AppSettings, metrics: Metrics) -> g
                     headers=HISTORY_HEADERS, interactive=False, elem_id="history-table", max_height=400,
                     label="History",
                 )
-                history_index = gr.State(None)
+                history_pick = gr.State(None)  # the picked entry's id: rows move as entries are added
+                settings_before = gr.State(None)  # Advanced settings as they were before a Regenerate
                 with gr.Row(equal_height=False):
                     history_audio = gr.Audio(label="Selected generation", interactive=False, elem_id="history-audio")
                     history_download = gr.File(label="Download", interactive=False, visible=False,
@@ -412,35 +415,57 @@ def build_ui(synth: SpeechService, settings: AppSettings, metrics: Metrics) -> g
 
         def pick_history(entries, evt: gr.SelectData):
             index = evt.index[0] if isinstance(evt.index, (list, tuple)) else evt.index
+            entry_id = h.history_id(entries, index) if entries and 0 <= index < len(entries) else None
             try:
                 path = h.history_file(entries, index)
             except Exception as e:  # noqa: BLE001 - shown next to the table, as every UI error
-                return index, None, gr.File(visible=False), gr.Button(interactive=True), error_box(str(e))
-            return index, path, gr.File(value=path, visible=True), gr.Button(interactive=True), error_box()
+                return entry_id, None, gr.File(visible=False), gr.Button(interactive=True), error_box(str(e))
+            return entry_id, path, gr.File(value=path, visible=True), gr.Button(interactive=True), error_box()
 
         history_table.select(
-            pick_history, history, [history_index, history_audio, history_download, regenerate, history_error],
+            pick_history, history, [history_pick, history_audio, history_download, regenerate, history_error],
             api_visibility="private",
         )
 
-        def restore(entries, index):
-            entry = h.history_entry(entries, index)
+        # Regenerate: check the entry (why not, next to the table), keep the Advanced settings, put the
+        # entry's text, voice, format and settings in Speak and run it, then give the settings back:
+        # its seed must not stay for the next texts.
+        regenerate_inputs = [history, history_pick, ref_audio, ref_text]
+
+        def check_regeneration(entries, entry_id, clip, transcript, *settings):
+            try:
+                h.regeneration(entries, entry_id, clip, transcript)
+            except Exception as e:  # noqa: BLE001 - shown next to the table, as every UI error
+                return list(settings), error_box(str(e))
+            return list(settings), error_box()
+
+        def restore(entries, entry_id, clip, transcript):
+            try:
+                entry = h.regeneration(entries, entry_id, clip, transcript)
+            except Exception:  # noqa: BLE001 - check_regeneration showed why; this stops the run
+                raise gr.Error("", visible=False, print_exception=False) from None
             values = [entry["sampling"][name] for name in SAMPLING_NAMES]
             return entry["text"], entry["voice"], entry["format"], *values, gr.Tabs(selected="speak")
 
+        def settings_back(settings):
+            return tuple(settings) if settings else tuple(gr.skip() for _ in sampling)
+
         speak_in_ui(
             lambda fn, inputs, outputs, **kw: regenerate.click(
-                restore, [history, history_index], [text, voice, output_format, *sampling, tabs],
+                check_regeneration, [*regenerate_inputs, *sampling], [settings_before, history_error],
+                api_visibility="private", show_progress="hidden",
+            ).then(
+                restore, regenerate_inputs, [text, voice, output_format, *sampling, tabs],
                 api_visibility="private", show_progress="hidden",
             ).success(fn, inputs, outputs, **kw)
-        )
+        ).then(settings_back, settings_before, sampling, api_visibility="private", show_progress="hidden")
 
         def forget():
             return [], [], None, None, gr.File(visible=False), gr.Button(interactive=False), error_box()
 
         clear_history.click(
             forget, None,
-            [history, history_table, history_index, history_audio, history_download, regenerate, history_error],
+            [history, history_table, history_pick, history_audio, history_download, regenerate, history_error],
             api_visibility="private",
         )
 

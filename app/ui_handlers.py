@@ -6,6 +6,7 @@ caused them, the public API event raises them for gradio_client (app.ui_errors).
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import re
 import secrets
@@ -92,8 +93,12 @@ def sampling_params(temperature, top_p, repetition_penalty, max_new_tokens, chun
 def concrete_seed(seed) -> int:
     """0 means "a new one each time" (the reference UI's convention); the seed picked is returned so
     that the history can make the same audio again."""
+    low, high = P.SEED_RANGE
+    if seed is not None and (not float(seed).is_integer() or not low <= seed <= high):
+        raise InputError(f"Seed (Advanced settings) must be a whole number from {low} to {high:,}, got {seed:g}; "
+                         "0 = a new seed each time")
     seed = int(seed or 0)
-    return seed if seed > 0 else 1 + secrets.randbelow(P.SEED_RANGE[1])
+    return seed if seed > 0 else 1 + secrets.randbelow(high)
 
 
 def stats_markdown(audio_s: float, rtf: float | None, ttfa_s: float | None, seed: int | None = None) -> str:
@@ -287,6 +292,7 @@ class Handlers:
             "time": time.strftime("%Y-%m-%d %H:%M:%S"),
             "text": text,
             "voice": voice or NO_VOICE,
+            "clip": clip_fingerprint(reference_audio, reference_text) if voice == UPLOADED else None,
             "format": output_format or "wav",
             "seconds": round(stats.audio_s, 2),
             "sampling": dict(zip(SAMPLING_NAMES, (*[float(v) for v in sampling[:3]], int(sampling[3]),
@@ -381,8 +387,22 @@ class Handlers:
         return str(path)
 
     @staticmethod
-    def history_entry(history: list[dict] | None, index: int | None) -> dict:
-        return _entry(history, index)
+    def history_id(history: list[dict] | None, index: int | None) -> str:
+        """The id of the entry in row `index`: what stays picked while new entries push it down."""
+        return _entry(history, index)["id"]
+
+    @staticmethod
+    def regeneration(history: list[dict] | None, entry_id: str | None, clip: str | None, transcript: str | None) -> dict:
+        """The picked entry, if it can be made again: one spoken in an unsaved clip needs that clip
+        and transcript still in the Voice clone tab."""
+        entry = next((e for e in history or [] if entry_id is not None and e.get("id") == entry_id), None)
+        if entry is None:
+            raise InputError("pick a generation in the history table first")
+        if entry["voice"] == UPLOADED and entry.get("clip") != clip_fingerprint(clip, transcript):
+            raise InputError("this generation spoke in a clip of the Voice clone tab that is no longer there "
+                             "(another clip or transcript is loaded): load that clip again, or save a voice "
+                             "to regenerate in it later")
+        return entry
 
     # ----- system -----
 
@@ -390,6 +410,19 @@ class Handlers:
         """The engine's state: device, memory, queue, throughput."""
         rows = system_rows(self.synth.engine.stats(), bool(getattr(self.synth.engine, "is_ready", False)))
         return "| Engine | Now |\n|---|---|\n" + "\n".join(f"| {k} | {v} |" for k, v in rows)
+
+
+def clip_fingerprint(path: str | None, transcript: str | None) -> str | None:
+    """What identifies an unsaved reference: its audio's bytes and its transcript."""
+    if not path:
+        return None
+    try:
+        with open(path, "rb") as f:
+            digest = hashlib.sha256(f.read())
+    except OSError:
+        return None
+    digest.update((transcript or "").strip().encode())
+    return digest.hexdigest()
 
 
 def _entry(history: list[dict] | None, index: int | None) -> dict:

@@ -175,8 +175,8 @@ class VoiceStore:
     def not_found_message(voice_id: str) -> str:
         """Names the id and how to see the saved ones; lists neither them nor where they are kept."""
         return (
-            f"voice not found: no saved voice named {voice_id!r}. GET /v1/references/list (or the UI's "
-            "Voices tab) lists the saved voices; POST /v1/references/add saves a new one."
+            f"voice not found: no saved voice named {voice_id!r}. The saved voices are listed in the UI's "
+            "Voice clone tab and by GET /v1/references/list; save one there or with POST /v1/references/add."
         )
 
 

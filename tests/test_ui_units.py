@@ -86,6 +86,12 @@ def test_history_keeps_newest_first_without_duplicates_and_is_bounded():
     assert Handlers.add_to_history(history, None) == history
 
 
+@pytest.mark.parametrize("seed", [-3, 2**31, 1.5, 99999999999])
+def test_a_seed_that_is_not_a_whole_number_in_range_is_refused_naming_the_field(seed):
+    with pytest.raises(InputError, match=r"Seed \(Advanced settings\) must be a whole number from 0"):
+        concrete_seed(seed)
+
+
 def test_seed_zero_picks_a_concrete_seed_others_stay():
     assert concrete_seed(42) == 42
     assert all(concrete_seed(0) > 0 for _ in range(20))

@@ -240,6 +240,79 @@ def test_speak_streams_plays_downloads_and_lands_in_history(page):
     cell(other, "history-table", 1, 1).wait_for(timeout=30_000)
 
 
+def speak(page, text: str):
+    """Generate `text` and wait for its stats (a seed of 0 draws a new seed, so they change)."""
+    stats = page.locator("#speak-stats")
+    before = stats.inner_text() if stats.is_visible() else ""
+    page.fill("#speak-text textarea", text)
+    page.click("#generate")
+    page.wait_for_function(
+        "before => { const e = document.querySelector('#speak-stats');"
+        " return e && e.innerText.includes('Real-time factor') && e.innerText !== before; }",
+        arg=before, timeout=GENERATION_TIMEOUT_MS,
+    )
+
+
+def seed_box(page) -> str:
+    open_tab(page, "Advanced settings")
+    value = page.locator("#set-seed input[type=number]").input_value()
+    open_tab(page, "Speak")
+    return value
+
+
+def test_regenerate_keeps_its_row_and_gives_the_settings_back(page):
+    quick_settings(page)
+    speak(page, "Alpha is spoken first.")
+    speak(page, "Bravo is spoken second.")
+    open_tab(page, "History")
+    wait_text(page, "#history-table", "Bravo")
+    cell(page, "history-table", 1, 1).click()  # Alpha, below Bravo
+    page.locator("#history-download a").first.wait_for(timeout=10_000)
+    for run in (1, 2):  # each run puts a new Alpha on top: the pick must stay on the entry, not the row
+        open_tab(page, "History")
+        page.click("#regenerate")
+        page.locator("#speak-text textarea").wait_for(state="visible", timeout=30_000)
+        assert page.locator("#speak-text textarea").input_value() == "Alpha is spoken first."
+        open_tab(page, "History")
+        cell(page, "history-table", 1 + run, 1).wait_for(timeout=GENERATION_TIMEOUT_MS)
+        wait_text(page, "#history-table", "Alpha")
+        assert cell(page, "history-table", 0, 1).inner_text().startswith("Alpha"), run
+    assert seed_box(page) == "0", "Regenerate left its seed in Advanced settings for the next texts"
+    assert_no_toast_or_error_pill(page)
+
+
+def test_regenerate_refuses_an_unsaved_clip_that_is_gone(page, clips):
+    quick_settings(page)
+    open_tab(page, "Voice clone")
+    upload_clip(page, clips["good"])
+    page.fill("#ref-text textarea", "a voiced tone rising and falling")
+    open_tab(page, "Speak")
+    choose(page, "speak-voice", "Clip in the Voice clone tab (not saved)")
+    speak(page, "Spoken in the unsaved clip.")
+    open_tab(page, "Voice clone")
+    page.fill("#ref-text textarea", "another transcript")
+    open_tab(page, "History")
+    cell(page, "history-table", 0, 1).click()
+    page.click("#regenerate")
+    assert "no longer there" in error_text(page, "history-error")
+    assert cell(page, "history-table", 1, 1).count() == 0, "it ran anyway"
+    assert_no_toast_or_error_pill(page)
+
+
+def test_a_seed_out_of_range_is_refused_next_to_generate(page):
+    quick_settings(page)
+    speak(page, "A first generation that stays.")
+    open_tab(page, "Advanced settings")
+    set_number(page, "set-seed", -3)
+    open_tab(page, "Speak")
+    page.fill("#speak-text textarea", "Not spoken.")
+    page.click("#generate")
+    message = error_text(page, "speak-error")
+    assert "Seed (Advanced settings) must be a whole number" in message and "-3" in message
+    assert ".wav" in page.locator("#speak-download").inner_text()  # the earlier audio is kept
+    assert_no_toast_or_error_pill(page)
+
+
 def test_over_long_text_is_counted_and_refused_next_to_the_text(page):
     quick_settings(page)
     page.fill("#speak-text textarea", "a" * (MAX_TEXT + 5))
