@@ -1,4 +1,4 @@
-"""Texts for a batch run: typed lines, or an uploaded .txt (one per line) or .csv file."""
+"""Texts for a batch run: an uploaded .txt (one per line) or .csv file's, then the typed lines."""
 
 from __future__ import annotations
 
@@ -41,7 +41,8 @@ def texts_from_file(path: str | Path) -> list[str]:
 
 
 def batch_texts(lines: str | None, file_path: str | None, limit: int) -> list[str]:
-    texts = texts_from_file(file_path) if file_path else texts_from_lines(lines or "")
+    """The file's texts (if one is given) followed by the typed lines: neither is dropped for the other."""
+    texts = (texts_from_file(file_path) if file_path else []) + texts_from_lines(lines or "")
     if not texts:
         raise InputError("nothing to speak: type one text per line, or upload a .txt or .csv file")
     if len(texts) > limit:

@@ -240,7 +240,7 @@ def build_ui(synth: SpeechService, settings: AppSettings, metrics: Metrics) -> g
                     lines = gr.Textbox(label="One text per line", lines=8, elem_id="batch-lines", min_width=280)
                     upload = gr.File(label="…or a .txt / .csv file", file_types=[".txt", ".csv"], type="filepath",
                                      elem_id="batch-upload", min_width=280)
-                with gr.Row(equal_height=True):
+                with gr.Row(equal_height=True, elem_id="batch-controls"):
                     batch_voice = voice_dropdown("batch-voice", [])
                     batch_format = format_dropdown("batch-format")
                     batch_btn = gr.Button("Generate all", variant="primary", scale=0, min_width=160,

@@ -112,6 +112,11 @@ def stats_markdown(audio_s: float, rtf: float | None, ttfa_s: float | None, seed
     return " · ".join(parts)
 
 
+def shortened(text: str, limit: int = 80) -> str:
+    """A text as a table shows it: long ones cut, so that the columns after it stay in view."""
+    return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
+
+
 def _safe_name(text: str, limit: int = 32) -> str:
     return re.sub(r"[^A-Za-z0-9]+", "_", text).strip("_")[:limit] or "audio"
 
@@ -342,10 +347,10 @@ class Handlers:
             if isinstance(result, SynthesisResult):
                 data = encode_audio(result.audio, result.sample_rate, fmt)
                 path = write_file(run, f"{i:03d}_{_safe_name(text)}.{fmt}", data)
-                rows.append([i, text, "ok", round(len(result.audio) / result.sample_rate, 2)])
+                rows.append([i, shortened(text), "ok", round(len(result.audio) / result.sample_rate, 2)])
                 paths.append(path)
             else:
-                rows.append([i, text, f"error: {problem_for(result).message}", 0.0])
+                rows.append([i, shortened(text), f"error: {problem_for(result).message}", 0.0])
                 paths.append(None)
         done = [p for p in paths if p]
         archive = str(zip_files(done, run / "batch.zip")) if done else None
@@ -363,7 +368,7 @@ class Handlers:
     @staticmethod
     def history_table(history: list[dict] | None) -> list[list]:
         return [
-            [e["time"], e["text"][:80], voice_label(e["voice"]).replace(" (no reference)", ""), e["format"],
+            [e["time"], shortened(e["text"]), voice_label(e["voice"]).replace(" (no reference)", ""), e["format"],
              e["sampling"]["seed"], e["seconds"]]
             for e in history or []
         ]

@@ -47,7 +47,8 @@ def test_batch_texts_from_lines_file_and_limits(tmp_path):
     assert batch_texts(" a \n\n b \n", None, 10) == ["a", "b"]
     txt = tmp_path / "t.txt"
     txt.write_text("\ufeffone\ntwo\n", encoding="utf-8")
-    assert batch_texts("ignored when a file is given", str(txt), 10) == ["one", "two"]
+    assert batch_texts(None, str(txt), 10) == ["one", "two"]
+    assert batch_texts("typed too", str(txt), 10) == ["one", "two", "typed too"]  # the file's first
     with pytest.raises(InputError, match="nothing to speak"):
         batch_texts(" \n ", None, 10)
     with pytest.raises(InputError, match="at most 1 texts"):

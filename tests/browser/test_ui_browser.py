@@ -354,6 +354,10 @@ def test_narrow_screen_keeps_every_control_in_view(browser, server):
         box = page.locator("#speak-download").bounding_box()
         assert box["width"] > 300, box
         shot(page, "speak_narrow")
+        open_tab(page, "Batch")
+        for elem_id in ("batch-voice", "batch-format", "batch-run"):
+            box = page.locator(f"#{elem_id}").bounding_box()
+            assert box["x"] >= 0 and box["x"] + box["width"] <= 400 and box["width"] > 300, (elem_id, box)
         open_tab(page, "System")
         page.locator("#system-stats").get_by_text("Memory in use").wait_for()
         shot(page, "system_narrow")
@@ -482,6 +486,15 @@ def test_batch_table_zip_and_row_playback(page):
     cell(page, "batch-table", 1, 1).click()
     playable(page, "batch-item")
     shot(page, "batch")
+
+    # A row too long to speak keeps its status in view: the table shows its text cut short.
+    page.fill("#batch-lines textarea", "Short line.\n" + "A very long line. " * 120)
+    page.click("#batch-run")
+    wait_text(page, "#batch-table", "error: text is", GENERATION_TIMEOUT_MS)
+    status = cell(page, "batch-table", 1, 2)
+    assert "characters, over this server's limit of 2000" in status.inner_text()
+    box = status.bounding_box()
+    assert box["x"] + 40 <= 1280, box
 
     page.fill("#batch-lines textarea", "")
     page.click("#batch-run")
