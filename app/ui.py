@@ -379,14 +379,25 @@ def build_ui(synth: SpeechService, settings: AppSettings, metrics: Metrics) -> g
             for played, file, shown, entry in h.speak_stream(*args):
                 yield played, gr.File(value=file, visible=True) if isinstance(file, str) else file, shown, entry
 
+        # While a text is spoken, Generate says so and takes no other click (Gradio would drop it).
+        def busy():
+            return gr.Button("Generating…", interactive=False)
+
+        def idle():
+            return gr.Button("Generate", interactive=True)
+
         def speak_in_ui(trigger_event):
             return trigger_event(
                 ui(speak_in_page, "speak", 4), speak_inputs, [*speak_outputs, speak_error],
                 api_visibility="private", show_progress_on=[audio], **engine_slot,
             ).then(remember, [history, last_entry], [history, history_table], api_visibility="private",
-                   show_progress="hidden")
+                   show_progress="hidden").then(idle, None, generate, api_visibility="private", show_progress="hidden")
 
-        speak_in_ui(generate.click)
+        speak_in_ui(
+            lambda fn, inputs, outputs, **kw: generate.click(
+                busy, None, generate, queue=False, api_visibility="private", show_progress="hidden",
+            ).then(fn, inputs, outputs, **kw)
+        )
         api_trigger.click(api(h.speak, "speak"), speak_inputs, [download, stats], api_name="speak", **engine_slot)
         api_trigger.click(
             api(h.speak_stream, "speak_stream"), speak_inputs, speak_outputs, api_name="speak_stream", **engine_slot
@@ -439,11 +450,16 @@ def build_ui(synth: SpeechService, settings: AppSettings, metrics: Metrics) -> g
                 return list(settings), error_box(str(e))
             return list(settings), error_box()
 
-        def restore(entries, entry_id, clip, transcript):
+        def stop_unless_regenerable(entries, entry_id, clip, transcript):
+            """Ends the chain (check_regeneration showed why). It has no outputs, which would show an
+            error mark of their own."""
             try:
-                entry = h.regeneration(entries, entry_id, clip, transcript)
-            except Exception:  # noqa: BLE001 - check_regeneration showed why; this stops the run
+                h.regeneration(entries, entry_id, clip, transcript)
+            except Exception:  # noqa: BLE001
                 raise gr.Error("", visible=False, print_exception=False) from None
+
+        def restore(entries, entry_id, clip, transcript):
+            entry = h.regeneration(entries, entry_id, clip, transcript)
             values = [entry["sampling"][name] for name in SAMPLING_NAMES]
             return entry["text"], entry["voice"], entry["format"], *values, gr.Tabs(selected="speak")
 
@@ -455,9 +471,13 @@ def build_ui(synth: SpeechService, settings: AppSettings, metrics: Metrics) -> g
                 check_regeneration, [*regenerate_inputs, *sampling], [settings_before, history_error],
                 api_visibility="private", show_progress="hidden",
             ).then(
+                stop_unless_regenerable, regenerate_inputs, None, api_visibility="private", show_progress="hidden",
+            ).success(
                 restore, regenerate_inputs, [text, voice, output_format, *sampling, tabs],
                 api_visibility="private", show_progress="hidden",
-            ).success(fn, inputs, outputs, **kw)
+            ).success(
+                busy, None, generate, queue=False, api_visibility="private", show_progress="hidden",
+            ).then(fn, inputs, outputs, **kw)
         ).then(settings_back, settings_before, sampling, api_visibility="private", show_progress="hidden")
 
         def forget():

@@ -30,6 +30,7 @@ sync_api = pytest.importorskip(
 )
 if not Path(CHROMIUM).is_file():
     pytest.skip(f"Chromium not found at {CHROMIUM}: apt-get install chromium", allow_module_level=True)
+expect = sync_api.expect
 
 # The machine has no outside network: keep Chromium from trying to reach Google's services. The
 # fake media flags give the page a microphone that plays a beep, with no permission prompt.
@@ -310,6 +311,22 @@ def test_a_seed_out_of_range_is_refused_next_to_generate(page):
     message = error_text(page, "speak-error")
     assert "Seed (Advanced settings) must be a whole number" in message and "-3" in message
     assert ".wav" in page.locator("#speak-download").inner_text()  # the earlier audio is kept
+    assert_no_toast_or_error_pill(page)
+
+
+def test_generate_says_it_is_busy_and_takes_no_second_click_meanwhile(page):
+    quick_settings(page)
+    open_tab(page, "Advanced settings")
+    set_number(page, "set-max_new_tokens", 400)  # a run long enough to look at
+    open_tab(page, "Speak")
+    page.fill("#speak-text textarea", "A longer text, so that the run lasts a moment. " * 3)
+    page.click("#generate")
+    button = page.locator("#generate")
+    expect(button).to_be_disabled(timeout=10_000)
+    expect(button).to_have_text("Generating…")
+    wait_stats(page)
+    expect(button).to_be_enabled(timeout=30_000)
+    expect(button).to_have_text("Generate")
     assert_no_toast_or_error_pill(page)
 
 
