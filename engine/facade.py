@@ -11,6 +11,7 @@ import secrets
 import sys
 import threading
 import time
+import unicodedata
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, Sequence
@@ -289,7 +290,7 @@ class TTSEngine:
 
     def _prepare(self, text, references, voice, params) -> PreparedRequest:
         params = params or SamplingParams()
-        if not isinstance(text, str) or not text.strip():
+        if not isinstance(text, str) or not _has_words(text):
             raise InputError("text is empty: give the words to speak")
         limit = self.config.max_text_length
         if limit and len(text) > limit:
@@ -375,3 +376,8 @@ class TTSEngine:
 
     def close(self) -> None:
         self._worker.close()
+
+
+def _has_words(text: str) -> bool:
+    """Anything to speak: more than spaces and invisible format characters (zero-width space, BOM)."""
+    return any(not ch.isspace() and unicodedata.category(ch) not in ("Cf", "Cc") for ch in text)

@@ -138,5 +138,7 @@ def to_wav(source: str | bytes, max_seconds: float | None = None) -> bytes:
     result = subprocess.run(command, capture_output=True, **feed)
     if result.returncode != 0 or not result.stdout:
         lines = result.stderr.decode(errors="replace").strip().splitlines()
-        raise FfmpegError(lines[-1][:200] if lines else f"ffmpeg exited with {result.returncode}")
+        # ffmpeg names the input first ("file:/tmp/.../clip.m4a: ..."): a server path, never shown.
+        reason = lines[-1].replace(f"{source_args[1]}: ", "").replace(source_args[1], "the input") if lines else ""
+        raise FfmpegError(reason[:200] or f"ffmpeg exited with {result.returncode}")
     return result.stdout

@@ -298,7 +298,8 @@ def test_bad_reference_is_rejected_clearly(engine, speech, tmp_path, make_refere
     assert len(engine.synthesize("Still working.", params=FAST).audio) > 0
 
 
-@pytest.mark.parametrize("text, message", [("", "empty"), ("  \n\t ", "empty"), ("x" * 501, "limit")])
+@pytest.mark.parametrize("text, message", [("", "empty"), ("  \n\t ", "empty"), ("\u200b\ufeff \u2060", "empty"),
+                                           ("x" * 501, "limit")])
 def test_bad_text_is_rejected_clearly(engine, text, message):
     with pytest.raises(InputError, match=message):
         engine.synthesize(text, params=FAST)

@@ -99,7 +99,12 @@ def test_to_wav_stops_at_the_limit(tmp_path):
     assert abs(len(data) / rate - 1.0) < 0.05
 
 
-def test_to_wav_reports_what_ffmpeg_could_not_read():
-    with pytest.raises(ff.FfmpegError) as caught:
-        ff.to_wav(b"this is not audio at all" * 20)
-    assert str(caught.value) and "Traceback" not in str(caught.value)
+def test_to_wav_reports_what_ffmpeg_could_not_read_without_naming_the_input(tmp_path):
+    upload = tmp_path / "server-side-upload.m4a"
+    upload.write_bytes(b"this is not audio at all" * 20)
+    for source in (upload.read_bytes(), str(upload)):
+        with pytest.raises(ff.FfmpegError) as caught:
+            ff.to_wav(source)
+        message = str(caught.value)
+        assert message and "Traceback" not in message
+        assert str(tmp_path) not in message and "pipe:" not in message and "file:" not in message, message
