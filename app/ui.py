@@ -162,7 +162,9 @@ def build_ui(synth: SpeechService, settings: AppSettings, metrics: Metrics) -> g
             gr.Markdown(
                 "**Demo mode:** a tiny model with random weights is loaded, so the audio is noise, "
                 f"{DEMO_MAX_NEW_TOKENS} frames at most by default. "
-                "Start without `--demo` to load the real checkpoint.",
+                "Start without `--demo` to load the real checkpoint (`fishaudio/openaudio-s1-mini`, gated on "
+                "Hugging Face: accept its licence there and set `HF_TOKEN`, or download it into "
+                "`checkpoints/openaudio-s1-mini`).",
                 elem_id="demo-notice",
             )
         api_trigger = gr.Button(visible=False, elem_id="api-only")
