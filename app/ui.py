@@ -358,6 +358,12 @@ def build_ui(synth: SpeechService, settings: AppSettings, metrics: Metrics) -> g
         gr.api(h.saved_voices_table, api_name="list_voices")
 
         picked.change(h.voice_sample, picked, picked_audio, api_visibility="private", show_progress="hidden")
+
+        def pick_saved(evt: gr.SelectData):
+            """A click on a saved voice's row picks it, as the dropdown does."""
+            return evt.row_value[0] if evt.row_value else gr.skip()
+
+        saved.select(pick_saved, None, picked, api_visibility="private", show_progress="hidden")
         voice.change(speaking_in, voice, indicator, queue=False, show_progress="hidden", api_visibility="private")
 
         def clip_checked(clip):

@@ -472,6 +472,10 @@ def test_clone_save_then_speak_in_the_saved_voice(page, clips, server):
     page.click("#rename")
     page.locator("#manage-status").get_by_text("Renamed narrator to storyteller").wait_for(timeout=30_000)
     wait_text(page, "#voice-indicator", "saved voice “storyteller”")
+    page.locator("#picked-voice input").fill("")  # nothing picked, then a click on its row picks it
+    cell(page, "saved-voices", 0, 0).click()
+    page.wait_for_function("() => document.querySelector('#picked-voice input').value === 'storyteller'",
+                           timeout=30_000)
     page.click("#delete")
     page.locator("#manage-status").get_by_text("Deleted storyteller").wait_for(timeout=30_000)
     wait_text(page, "#voice-indicator", "Speaking in the default voice")
