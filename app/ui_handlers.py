@@ -209,6 +209,8 @@ class Handlers:
         new = (new or "").strip()
         if not new:
             raise InputError("type the new name")
+        if new == old:
+            raise InputError(f"{old} already has that name: type another one")
         self.voices.rename(old, new)
         return f"Renamed **{old}** to **{new}**."
 

@@ -175,6 +175,8 @@ def test_saved_voices_are_shared_with_the_rest_api(client, server, clip):
 
     with pytest.raises(AppError, match="already exists"):
         client.predict("ui voice", handle_file(clip), "a gliding tone", api_name="/save_voice")
+    with pytest.raises(AppError, match="already has that name"):
+        client.predict("ui voice", " ui voice ", api_name="/rename_voice")
     client.predict("ui voice", "ui voice 2", api_name="/rename_voice")
     client.predict("ui voice 2", api_name="/delete_voice")
     assert httpx.get(f"{server.url}/v1/references/list", params={"format": "json"}).json()["reference_ids"] == []
