@@ -102,5 +102,6 @@ def _batch_item(index: int, result: SynthesisResult | Exception, fmt: str, raw_b
         "ok": True,
         "audio": audio if raw_bytes else base64.b64encode(audio).decode("ascii"),
         "duration_s": round(result.stats.get("audio_s", len(result.audio) / result.sample_rate), 3),
-        "stats": {k: float(v) for k, v in result.stats.items() if isinstance(v, numbers.Real)},
+        "stats": {k: int(v) if isinstance(v, numbers.Integral) else float(v)
+                  for k, v in result.stats.items() if isinstance(v, numbers.Real)},
     }

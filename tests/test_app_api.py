@@ -259,6 +259,7 @@ def test_batch_gives_per_item_results_and_errors(http):
         assert item["ok"] is True
         samples = assert_audio(base64.b64decode(item["audio"]))
         assert abs(item["duration_s"] - len(samples) / SAMPLE_RATE) < 0.01
+        assert isinstance(item["stats"]["seed"], int) and isinstance(item["stats"]["frames"], int)  # not 7.0
 
 
 def test_batch_answers_msgpack_with_raw_bytes(http):
