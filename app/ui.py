@@ -266,6 +266,7 @@ def build_ui(synth: SpeechService, settings: AppSettings, metrics: Metrics) -> g
                 )
                 history_pick = gr.State(None)  # the picked entry's id: rows move as entries are added
                 settings_before = gr.State(None)  # Advanced settings as they were before a Regenerate
+                regenerating = gr.State(None)  # the entry a Regenerate makes again, None if it cannot
                 with gr.Row(equal_height=False):
                     history_audio = gr.Audio(label="Selected generation", interactive=False, elem_id="history-audio")
                     history_download = gr.File(label="Download", interactive=False, visible=False,
@@ -449,25 +450,20 @@ def build_ui(synth: SpeechService, settings: AppSettings, metrics: Metrics) -> g
         # Regenerate: check the entry (why not, next to the table), keep the Advanced settings, put the
         # entry's text, voice, format and settings in Speak and run it, then give the settings back:
         # its seed must not stay for the next texts.
-        regenerate_inputs = [history, history_pick, ref_audio, ref_text]
-
         def check_regeneration(entries, entry_id, clip, transcript, *settings):
             try:
-                h.regeneration(entries, entry_id, clip, transcript)
+                entry = h.regeneration(entries, entry_id, clip, transcript)
             except Exception as e:  # noqa: BLE001 - shown next to the table, as every UI error
-                return list(settings), error_box(str(e))
-            return list(settings), error_box()
+                return None, list(settings), error_box(str(e))
+            return entry, list(settings), error_box()
 
-        def stop_unless_regenerable(entries, entry_id, clip, transcript):
+        def stop_unless_regenerable(entry):
             """Ends the chain (check_regeneration showed why). It has no outputs, which would show an
             error mark of their own."""
-            try:
-                h.regeneration(entries, entry_id, clip, transcript)
-            except Exception:  # noqa: BLE001
-                raise gr.Error("", visible=False, print_exception=False) from None
+            if entry is None:
+                raise gr.Error("", visible=False, print_exception=False)
 
-        def restore(entries, entry_id, clip, transcript):
-            entry = h.regeneration(entries, entry_id, clip, transcript)
+        def restore(entry):
             values = [entry["sampling"][name] for name in SAMPLING_NAMES]
             return entry["text"], entry["voice"], entry["format"], *values, gr.Tabs(selected="speak")
 
@@ -476,12 +472,12 @@ def build_ui(synth: SpeechService, settings: AppSettings, metrics: Metrics) -> g
 
         speak_in_ui(
             lambda fn, inputs, outputs, **kw: regenerate.click(
-                check_regeneration, [*regenerate_inputs, *sampling], [settings_before, history_error],
-                api_visibility="private", show_progress="hidden",
+                check_regeneration, [history, history_pick, ref_audio, ref_text, *sampling],
+                [regenerating, settings_before, history_error], api_visibility="private", show_progress="hidden",
             ).then(
-                stop_unless_regenerable, regenerate_inputs, None, api_visibility="private", show_progress="hidden",
+                stop_unless_regenerable, regenerating, None, api_visibility="private", show_progress="hidden",
             ).success(
-                restore, regenerate_inputs, [text, voice, output_format, *sampling, tabs],
+                restore, regenerating, [text, voice, output_format, *sampling, tabs],
                 api_visibility="private", show_progress="hidden",
             ).success(
                 busy, None, generate, queue=False, api_visibility="private", show_progress="hidden",
