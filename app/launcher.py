@@ -38,8 +38,6 @@ SAGEMAKER_MODEL_DIR = "/opt/ml/model"
 DRAIN_S = 3
 SERVE_DRAIN_S = 25
 KEEP_ALIVE_S = 75  # idle HTTP connections: longer than the usual client and proxy pools keep theirs
-_TRUE = {"1", "true", "yes", "on"}
-_FALSE = {"0", "false", "no", "off", ""}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -186,12 +184,9 @@ def _flag_or_env(value, environ, *names):
 
 def _switch(flag: bool | None, environ, name: str) -> bool:
     """An on/off flag (None when not given), else its variable (1/true/yes/on or 0/false/no/off)."""
-    if flag is not None:
-        return bool(flag)
-    raw = environ.get(name, "")
-    if raw.strip().lower() in _TRUE | _FALSE:
-        return raw.strip().lower() in _TRUE
-    raise ValueError(f"{name} must be true or false (1/0, yes/no, on/off), got {raw!r}")
+    from engine.config import parse_switch
+
+    return bool(flag) if flag is not None else parse_switch(name, environ.get(name, ""))
 
 
 def plan_server(args, environ) -> ServerPlan:

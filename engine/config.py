@@ -125,14 +125,20 @@ def _one_of(name: str, value: str, allowed: tuple[str, ...]):
         raise InputError(f"{name} must be one of {', '.join(allowed)}; got {value!r}")
 
 
+def parse_switch(variable: str, raw: str) -> bool:
+    """An on/off variable's value: 1/true/yes/on or 0/false/no/off (or empty)."""
+    text = raw.strip().lower()
+    if text in _TRUE:
+        return True
+    if text in _FALSE:
+        return False
+    raise InputError(f"{variable} must be true or false (1/0, yes/no, on/off), got {raw!r}")
+
+
 def _parse(name: str, raw: str, type_name: str):
     text = raw.strip()
     if "bool" in type_name:
-        if text.lower() in _TRUE:
-            return True
-        if text.lower() in _FALSE:
-            return False
-        raise InputError(f"S1_MINI_{name.upper()} must be true or false, got {raw!r}")
+        return parse_switch(f"S1_MINI_{name.upper()}", raw)
     if "None" in type_name and text == "":
         return None
     try:
