@@ -23,6 +23,7 @@ from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 from pydantic import ValidationError
 
 from engine.audio_stream import encode_stream
+from engine.text.splitter import split_text
 
 from .api_schema import TTSRequest
 from .auth import ApiKeyGuard
@@ -40,17 +41,11 @@ _END = None  # the segments queue's end marker
 
 
 def within_limit(text: str, limit: int) -> list[str]:
-    """`text` in pieces of at most `limit` characters (0: no limit), each cut after its last sentence
-    end, else at its last space, else at the limit."""
-    pieces = []
-    while limit and len(text) > limit:
-        ends = [m.end() for m in _SENTENCE_END.finditer(text) if m.end() <= limit]
-        cut = ends[-1] if ends else text.rfind(" ", 0, limit + 1)
-        cut = cut if cut > 0 else limit
-        pieces.append(text[:cut])
-        text = text[cut:]
-    pieces.append(text)
-    return [piece.strip() for piece in pieces if piece.strip()]
+    """`text` in pieces of at most `limit` characters (0: no limit), cut as the engine cuts long
+    texts into chunks: after sentences, else clauses, else words."""
+    if limit:
+        return split_text(text, limit)
+    return [text.strip()] if text.strip() else []
 
 
 def split_complete(buffer: str, chunk_length: int) -> tuple[str, str]:
