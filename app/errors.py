@@ -77,12 +77,20 @@ def problem_for(exc: BaseException) -> Problem:
     return Problem(500, INTERNAL_MESSAGE)
 
 
+# OpenAI's `error.code` is a string (or null); ours name the status (rate_limit_exceeded and
+# invalid_api_key as OpenAI's own).
+OPENAI_CODES = {400: "invalid_request", 401: "invalid_api_key", 404: "not_found", 405: "method_not_allowed",
+                409: "conflict", 413: "request_too_large", 415: "unsupported_media_type", 422: "invalid_value",
+                429: "rate_limit_exceeded", 500: "internal_error", 503: "service_unavailable"}
+
+
 def error_body(problem: Problem, openai: bool = False) -> dict:
     """The reference server's shape (ErrorBody); OpenAI clients read `error.message` (OpenAIErrorBody)."""
     reason = HTTPStatus(problem.status).phrase
     if openai:
         kind = "invalid_request_error" if problem.status < 500 else "server_error"
-        return {"error": {"message": problem.message, "type": kind, "code": problem.status}}
+        return {"error": {"message": problem.message, "type": kind, "param": None,
+                          "code": OPENAI_CODES.get(problem.status, f"http_{problem.status}")}}
     return {"statusCode": problem.status, "error": reason, "message": problem.message, "detail": problem.message}
 
 
@@ -102,7 +110,9 @@ class ErrorBody(BaseModel):
 class OpenAIError(BaseModel):
     message: str = Field(description="What was wrong and what to do.")
     type: str = Field(description="invalid_request_error (4xx) or server_error (5xx).")
-    code: int = Field(description="The HTTP status again.")
+    param: str | None = Field(description="Always null: the message names the field.")
+    code: str = Field(description="Names the status: `invalid_request` (400), `invalid_api_key`, `not_found`, "
+                                  "`invalid_value` (422), `rate_limit_exceeded` (429), `service_unavailable`, ...")
 
 
 class OpenAIErrorBody(BaseModel):

@@ -241,7 +241,8 @@ def test_openai_speech_streams_wav(http):
 def test_openai_errors_use_openai_shape(http):
     r = http.post("/v1/audio/speech", json={"input": "hi", "voice": "nobody-saved-this"})
     assert r.status_code == 404
-    assert r.json()["error"]["type"] == "invalid_request_error"
+    error = r.json()["error"]
+    assert error["type"] == "invalid_request_error" and error["code"] == "not_found" and error["param"] is None
     assert "nobody-saved-this" in error_message(r)
 
 
