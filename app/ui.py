@@ -12,6 +12,7 @@ lists the saved voices and is republished when they change, so that the API sche
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import threading
 from pathlib import Path
@@ -179,6 +180,7 @@ def build_ui(synth: SpeechService, settings: AppSettings, metrics: Metrics) -> g
                     voice = voice_dropdown("speak-voice", [])
                     output_format = format_dropdown("speak-format")
                     generate = gr.Button("Generate", variant="primary", elem_id="generate", scale=0, min_width=140)
+                    stop = gr.Button("Stop", variant="stop", elem_id="stop", scale=0, min_width=100, visible=False)
                 indicator = gr.Markdown(speaking_in(NO_VOICE), elem_id="voice-indicator")
                 speak_error = errors("speak-error")
                 if settings.stream_ui_audio:
@@ -383,28 +385,48 @@ def build_ui(synth: SpeechService, settings: AppSettings, metrics: Metrics) -> g
             entries = h.add_to_history(entries, entry)
             return entries, h.history_table(entries)
 
-        def speak_in_page(*args):
+        # While a text is spoken, Generate says so and takes no other click (Gradio would drop it),
+        # and Stop ends the run between two chunks: the engine frees its slot, what was spoken so far
+        # stays playable, nothing goes to the history. (Gradio's own cancelling can leave an error
+        # mark on the audio.) Pages are told apart by their session.
+        stop_asked: set[str] = set()
+
+        def speak_in_page(session: str, *args):
             """The download box appears with the first file."""
-            for played, file, shown, entry in h.speak_stream(*args):
-                yield played, gr.File(value=file, visible=True) if isinstance(file, str) else file, shown, entry
+            with contextlib.closing(h.speak_stream(*args)) as chunks:
+                for played, file, shown, entry in chunks:
+                    if session in stop_asked:
+                        return
+                    yield played, gr.File(value=file, visible=True) if isinstance(file, str) else file, shown, entry
 
-        # While a text is spoken, Generate says so and takes no other click (Gradio would drop it).
-        def busy():
-            return gr.Button("Generating…", interactive=False)
+        def busy(request: gr.Request):
+            stop_asked.discard(request.session_hash)  # a Stop from an earlier run is not for this one
+            return gr.Button("Generating…", interactive=False), gr.Button("Stop", visible=True, interactive=True)
 
-        def idle():
-            return gr.Button("Generate", interactive=True)
+        def idle(request: gr.Request):
+            stop_asked.discard(request.session_hash)
+            return gr.Button("Generate", interactive=True), gr.Button(visible=False)
+
+        def ask_to_stop(request: gr.Request):
+            stop_asked.add(request.session_hash)
+            return gr.Button("Stopping…", interactive=False)
+
+        speak_with_errors = ui(speak_in_page, "speak", 4)
+
+        def speak_for_page(request: gr.Request, *args):  # Gradio passes the request where it is declared
+            yield from speak_with_errors(request.session_hash, *args)
 
         def speak_in_ui(trigger_event):
             return trigger_event(
-                ui(speak_in_page, "speak", 4), speak_inputs, [*speak_outputs, speak_error],
+                speak_for_page, speak_inputs, [*speak_outputs, speak_error],
                 api_visibility="private", show_progress_on=[audio], **engine_slot,
             ).then(remember, [history, last_entry], [history, history_table], api_visibility="private",
-                   show_progress="hidden").then(idle, None, generate, api_visibility="private", show_progress="hidden")
+                   show_progress="hidden").then(idle, None, [generate, stop], api_visibility="private",
+                                                show_progress="hidden")
 
         speak_in_ui(
             lambda fn, inputs, outputs, **kw: generate.click(
-                busy, None, generate, queue=False, api_visibility="private", show_progress="hidden",
+                busy, None, [generate, stop], queue=False, api_visibility="private", show_progress="hidden",
             ).then(fn, inputs, outputs, **kw)
         )
         api_trigger.click(api(h.speak, "speak"), speak_inputs, [download, stats], api_name="speak", **engine_slot)
@@ -480,9 +502,10 @@ def build_ui(synth: SpeechService, settings: AppSettings, metrics: Metrics) -> g
                 restore, regenerating, [text, voice, output_format, *sampling, tabs],
                 api_visibility="private", show_progress="hidden",
             ).success(
-                busy, None, generate, queue=False, api_visibility="private", show_progress="hidden",
+                busy, None, [generate, stop], queue=False, api_visibility="private", show_progress="hidden",
             ).then(fn, inputs, outputs, **kw)
         ).then(settings_back, settings_before, sampling, api_visibility="private", show_progress="hidden")
+        stop.click(ask_to_stop, None, stop, queue=False, api_visibility="private", show_progress="hidden")
 
         def forget():
             return [], [], None, None, gr.File(visible=False), gr.Button(interactive=False), error_box()

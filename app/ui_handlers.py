@@ -270,7 +270,8 @@ class Handlers:
         max_new_tokens=DEFAULTS.max_new_tokens, chunk_length=DEFAULTS.chunk_length, seed=DEFAULTS.seed,
     ):
         """Speaks `text` as it is generated: yields (audio so far, then the audio file in
-        `output_format`, stats). The stream is Gradio's HLS playlist when ffmpeg is there."""
+        `output_format`, stats). The stream is Gradio's HLS playlist when ffmpeg is there; without
+        it the audio comes at the end, and the stats say how far it got meanwhile."""
         # Chunks go out as int16: Gradio peak-normalizes each float chunk on its own.
         sampling = (temperature, top_p, repetition_penalty, max_new_tokens, chunk_length, seed)
         speaker, params, seed = self._request(text, voice, reference_audio, reference_text, sampling)
@@ -282,7 +283,9 @@ class Handlers:
         for chunk in self.synth.stream(text, speaker, params, stats):
             made.append(chunk)
             pending.append(chunk)
-            if stream and (len(made) == 1 or sum(map(len, pending)) >= MIN_STREAM_CHUNK_S * sr):
+            if not stream:  # the audio comes whole at the end: how far it got meanwhile
+                yield gr.skip(), gr.skip(), f"Generating… {stats.audio_s:.1f} s of audio so far", gr.skip()
+            elif len(made) == 1 or sum(map(len, pending)) >= MIN_STREAM_CHUNK_S * sr:
                 yield (sr, to_int16(np.concatenate(pending))), gr.skip(), gr.skip(), gr.skip()
                 pending = []
         if not made:

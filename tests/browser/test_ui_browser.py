@@ -11,9 +11,11 @@ import io
 import os
 import re
 import shutil
+import time
 import zipfile
 from pathlib import Path
 
+import httpx
 import numpy as np
 import pytest
 import soundfile as sf
@@ -328,6 +330,40 @@ def test_generate_says_it_is_busy_and_takes_no_second_click_meanwhile(page):
     expect(button).to_be_enabled(timeout=30_000)
     expect(button).to_have_text("Generate")
     assert_no_toast_or_error_pill(page)
+
+
+def running_requests(server) -> float:
+    metrics = httpx.get(f"{server.url}/metrics", timeout=30).text
+    return float(re.search(r"^s1mini_requests_running (\S+)", metrics, re.M).group(1))
+
+
+def test_stop_ends_a_run_and_frees_the_engine(page, server):
+    quick_settings(page, seed=1)
+    open_tab(page, "Advanced settings")
+    set_number(page, "set-max_new_tokens", 2000)
+    open_tab(page, "Speak")
+    stop = page.locator("#stop")
+    assert stop.is_hidden()
+    # Nine chunks of text: 20-47 s of demo audio for every seed tried, far longer than the test waits.
+    long_text = " ".join(f"This is sentence number {i} of a long text." for i in range(1, 36))
+    page.fill("#speak-text textarea", long_text)
+    page.click("#generate")
+    expect(stop).to_be_visible(timeout=10_000)
+    page.wait_for_function("() => document.querySelector('#speak-audio audio')", timeout=GENERATION_TIMEOUT_MS)
+    assert running_requests(server) == 1
+    stop.click()
+    expect(page.locator("#generate")).to_be_enabled(timeout=10_000)
+    expect(page.locator("#generate")).to_have_text("Generate")
+    expect(stop).to_be_hidden()
+    deadline = time.monotonic() + 30
+    while running_requests(server) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert running_requests(server) == 0  # the engine stopped generating, not only the page
+    assert_no_toast_or_error_pill(page)
+    speak(page, "Generate works again after a stop.")
+    open_tab(page, "History")
+    wait_text(page, "#history-table", "Generate works again after a stop.")
+    assert "sentence number" not in page.locator("#history-table").inner_text()  # nothing half made
 
 
 def test_over_long_text_is_counted_and_refused_next_to_the_text(page):
