@@ -55,6 +55,19 @@ COUNTER_JS = """(text) => {
   const count = `${n.toLocaleString('en')} / ${limit.toLocaleString('en')} characters`;
   return over ? `<span class="over">${count} (over the limit: shorten the text, or use Batch)</span>` : count;
 }"""
+# What cannot be undone asks first (the browser's own dialog); the answer goes to a hidden checkbox
+# that the server's step reads. Nothing picked: no question, the server says what is missing.
+CONFIRM_DELETE_JS = """(name) => !name || confirm(`Delete the saved voice “${name}”? This cannot be undone.`)"""
+CONFIRM_CLEAR_JS = """() => confirm("Clear this browser's history of generations? This cannot be undone.")"""
+
+
+def confirmed(fn, outputs: int):
+    """fn behind a yes/no answer, its first argument: without a yes, its `outputs` stay as they are."""
+
+    def run(answer, *args):
+        return fn(*args) if answer else tuple(gr.skip() for _ in range(outputs))
+
+    return run
 
 
 def _within(engine_range, ui_range):
@@ -336,12 +349,17 @@ def build_ui(synth: SpeechService, settings: AppSettings, metrics: Metrics) -> g
         for button, fn, inputs, status, error, name in (
             (save_btn, save_in_ui, [new_name, ref_audio, ref_text], save_status, save_error, "save_voice"),
             (rename_btn, rename_in_ui, [picked, rename_to], manage_status, manage_error, "rename_voice"),
-            (delete_btn, delete_in_ui, [picked], manage_status, manage_error, "delete_voice"),
         ):
             button.click(
                 ui(fn, name, 5, status_first=True), [*inputs, voice, batch_voice], [status, *voice_outputs, error],
                 api_visibility="private",
             )
+        delete_confirmed = gr.Checkbox(visible=False)
+        delete_btn.click(None, picked, delete_confirmed, js=CONFIRM_DELETE_JS, api_visibility="private").then(
+            confirmed(ui(delete_in_ui, "delete_voice", 5, status_first=True), outputs=6),
+            [delete_confirmed, picked, voice, batch_voice], [manage_status, *voice_outputs, manage_error],
+            api_visibility="private",
+        )
 
         def api_voice_change(fn):
             @functools.wraps(fn)  # the API's parameter names and description are `fn`'s
@@ -510,8 +528,11 @@ def build_ui(synth: SpeechService, settings: AppSettings, metrics: Metrics) -> g
         def forget():
             return [], [], None, None, gr.File(visible=False), gr.Button(interactive=False), error_box()
 
+        clear_confirmed = gr.Checkbox(visible=False)
         clear_history.click(
-            forget, None,
+            None, None, clear_confirmed, js=CONFIRM_CLEAR_JS, api_visibility="private",
+        ).then(
+            confirmed(forget, outputs=7), clear_confirmed,
             [history, history_table, history_pick, history_audio, history_download, regenerate, history_error],
             api_visibility="private",
         )

@@ -242,6 +242,16 @@ def test_speak_streams_plays_downloads_and_lands_in_history(page):
     open_tab(other, "History")
     cell(other, "history-table", 1, 1).wait_for(timeout=30_000)
 
+    # Clear history asks first: a "no" keeps both rows, a "yes" empties the table.
+    other.once("dialog", lambda dialog: dialog.dismiss())
+    other.click("#clear-history")
+    other.wait_for_timeout(1_000)
+    cell(other, "history-table", 1, 1).wait_for(timeout=5_000)
+    other.once("dialog", lambda dialog: dialog.accept())
+    other.click("#clear-history")
+    other.wait_for_function("() => !document.querySelector('#history-table').innerText.includes('Hello from')",
+                            timeout=30_000)
+
 
 def speak(page, text: str):
     """Generate `text` and wait for its stats (a seed of 0 draws a new seed, so they change)."""
@@ -512,6 +522,15 @@ def test_clone_save_then_speak_in_the_saved_voice(page, clips, server):
     cell(page, "saved-voices", 0, 0).click()
     page.wait_for_function("() => document.querySelector('#picked-voice input').value === 'storyteller'",
                            timeout=30_000)
+    # Delete asks first: a "no" keeps the voice, a "yes" deletes it.
+    questions = []
+    page.once("dialog", lambda dialog: (questions.append(dialog.message), dialog.dismiss()))
+    page.click("#delete")
+    page.wait_for_timeout(1_000)
+    assert questions == ["Delete the saved voice “storyteller”? This cannot be undone."]
+    assert "storyteller" in page.locator("#saved-voices").inner_text()
+    assert "Deleted" not in page.locator("#manage-status").inner_text()
+    page.once("dialog", lambda dialog: dialog.accept())
     page.click("#delete")
     page.locator("#manage-status").get_by_text("Deleted storyteller").wait_for(timeout=30_000)
     wait_text(page, "#voice-indicator", "Speaking in the default voice")
