@@ -411,18 +411,21 @@ def build_ui(synth: SpeechService, settings: AppSettings, metrics: Metrics) -> g
 
         def speak_in_page(session: str, *args):
             """The download box appears with the first file."""
-            with contextlib.closing(h.speak_stream(*args)) as chunks:
-                for played, file, shown, entry in chunks:
-                    if session in stop_asked:
-                        return
-                    yield played, gr.File(value=file, visible=True) if isinstance(file, str) else file, shown, entry
+            try:
+                with contextlib.closing(h.speak_stream(*args)) as chunks:
+                    for played, file, shown, entry in chunks:
+                        if session in stop_asked:
+                            yield gr.skip(), gr.skip(), "Stopped.", gr.skip()
+                            return
+                        yield played, gr.File(value=file, visible=True) if isinstance(file, str) else file, shown, entry
+            finally:
+                stop_asked.discard(session)
 
         def busy(request: gr.Request):
-            stop_asked.discard(request.session_hash)  # a Stop from an earlier run is not for this one
+            stop_asked.discard(request.session_hash)  # a Stop that came after the last run ended is not for this one
             return gr.Button("Generating…", interactive=False), gr.Button("Stop", visible=True, interactive=True)
 
-        def idle(request: gr.Request):
-            stop_asked.discard(request.session_hash)
+        def idle():
             return gr.Button("Generate", interactive=True), gr.Button(visible=False)
 
         def ask_to_stop(request: gr.Request):

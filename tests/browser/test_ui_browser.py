@@ -365,6 +365,7 @@ def test_stop_ends_a_run_and_frees_the_engine(page, server):
     expect(page.locator("#generate")).to_be_enabled(timeout=10_000)
     expect(page.locator("#generate")).to_have_text("Generate")
     expect(stop).to_be_hidden()
+    assert page.locator("#speak-stats").inner_text().strip() == "Stopped."
     deadline = time.monotonic() + 30
     while running_requests(server) and time.monotonic() < deadline:
         time.sleep(0.2)
