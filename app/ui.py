@@ -438,18 +438,18 @@ def build_ui(synth: SpeechService, settings: AppSettings, metrics: Metrics) -> g
             yield from speak_with_errors(request.session_hash, *args)
 
         def speak_in_ui(trigger_event):
+            """trigger_event(fn, inputs, outputs, **kw) starts the run: Generate's click, or the end of
+            Regenerate's checks."""
             return trigger_event(
+                busy, None, [generate, stop], queue=False, api_visibility="private", show_progress="hidden",
+            ).then(
                 speak_for_page, speak_inputs, [*speak_outputs, speak_error],
                 api_visibility="private", show_progress_on=[audio], **engine_slot,
             ).then(remember, [history, last_entry], [history, history_table], api_visibility="private",
                    show_progress="hidden").then(idle, None, [generate, stop], api_visibility="private",
                                                 show_progress="hidden")
 
-        speak_in_ui(
-            lambda fn, inputs, outputs, **kw: generate.click(
-                busy, None, [generate, stop], queue=False, api_visibility="private", show_progress="hidden",
-            ).then(fn, inputs, outputs, **kw)
-        )
+        speak_in_ui(generate.click)
         api_trigger.click(api(h.speak, "speak"), speak_inputs, [download, stats], api_name="speak", **engine_slot)
         api_trigger.click(
             api(h.speak_stream, "speak_stream"), speak_inputs, speak_outputs, api_name="speak_stream", **engine_slot
@@ -522,9 +522,7 @@ def build_ui(synth: SpeechService, settings: AppSettings, metrics: Metrics) -> g
             ).success(
                 restore, regenerating, [text, voice, output_format, *sampling, tabs],
                 api_visibility="private", show_progress="hidden",
-            ).success(
-                busy, None, [generate, stop], queue=False, api_visibility="private", show_progress="hidden",
-            ).then(fn, inputs, outputs, **kw)
+            ).success(fn, inputs, outputs, **kw)
         ).then(settings_back, settings_before, sampling, api_visibility="private", show_progress="hidden")
         stop.click(ask_to_stop, None, stop, queue=False, api_visibility="private", show_progress="hidden")
 
