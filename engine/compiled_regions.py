@@ -13,7 +13,9 @@ What shapes this module:
 - From torch 2.13, guards check a tensor's dimension marks (maybe_mark_dynamic, mark_static), and
   saved guards lose the marks they were compiled with, so a saved graph rejects a marked tensor. A
   region with an installed package is called unmarked first, with Dynamo told to fail rather than
-  compile; only then are the dims marked for a compile, and the marks taken off again after it.
+  compile; only then are the dims marked for a compile. A stored region takes its marks off again
+  after every call: they would reach another region's installed graphs through the tensors both
+  read (the layers' weights: the decode step's and the prefill's).
 - Guards on object identities (functions, classes, modules, closures) cannot be saved, and an entry
   holding one would not be: they are left out, in this process too. The regions read no such object
   that changes while the engine runs.
@@ -49,6 +51,7 @@ NOT_COMPILED = "Detected recompile when torch.compile stance is 'fail_on_recompi
 Mark = Callable[[tuple], Iterable[Tensor]]  # marks the call's dims; returns the tensors it marked
 
 _store_root: Path | None = None
+_stored_only: frozenset | None = None  # in a compile helper: the code objects whose regions use the store
 _regions: dict = {}  # code object -> its _StoredRegion (one a function in a process; see the module doc)
 # Dynamo's stance is process-wide: while one stored region tries its installed graphs, another must
 # not compile (it would fail). The engine calls every compiled region from its worker thread.
@@ -70,6 +73,24 @@ def use_store(root: Path | None) -> None:
         functorch_config.bundled_autograd_cache = True
 
 
+def store_only(functions: Iterable[Callable], name_offset: int) -> None:
+    """In a compile helper's process (compile_helpers): only `functions`' regions load and save
+    packages (the engine and the other helpers save the others'), and the globals Dynamo installs
+    are numbered from `name_offset`, so that none has the name of one in another process's packages
+    (a package installs its globals into the function's module, over any of the same name)."""
+    global _stored_only
+    from torch._dynamo import bytecode_transformation
+
+    _stored_only = frozenset(fn.__code__ for fn in functions)
+    bytecode_transformation._unique_id_counter = itertools.count(name_offset)
+
+
+def installed(fn: Callable) -> bool | None:
+    """Whether fn's stored region installed its graphs from the store; None where fn has none."""
+    region = _regions.get(fn.__code__)
+    return None if region is None else region.installed
+
+
 def compile_region(fn: Callable, backend, mark: Mark = lambda args: ()) -> Callable:
     """fn through torch.compile (fullgraph, `backend`), with `mark` applied to every call's
     arguments before a compile. With a store (use_store) and a backend that names its compiled
@@ -81,7 +102,7 @@ def compile_region(fn: Callable, backend, mark: Mark = lambda args: ()) -> Calla
         return region
     if region is not None:  # its installed graphs would serve this other backend's calls too
         region.uninstall()
-    elif _store_root is not None and key is not None:
+    elif _store_root is not None and key is not None and (_stored_only is None or fn.__code__ in _stored_only):
         region = _regions[fn.__code__] = _StoredRegion(fn, backend, key, mark, _store_root / _package_name(fn, key))
         return region
     return _traced(torch.compile(fn, backend=backend, fullgraph=True), mark)
@@ -150,28 +171,38 @@ class _StoredRegion:
         self.key, self._mark, self._name = key, mark, fn.__qualname__
         self._fn, self._backend = fn, backend
         self._saving = True  # compiled graphs go to the store (until a save or a compile for it fails)
-        self._store, self._key = DiskDynamoStore(str(path.parent)), path.name
-        options = getattr(backend, "options", {})
-        self.installed = False
-        if (path / "entry").is_file():
-            started, package = time.perf_counter(), None
-            try:
-                with torch.inference_mode(), torch._inductor.config.patch(options):
-                    package, backends = self._store.load_package(fn, self._key)
-                    self._compiled = self._optimize(fn, backend, package)
-                    package.install(backends)
-                _count_past_installed_names(sys.modules[fn.__module__])
-                self._package, self.installed = package, True
-                logger.debug("compiled region {}: {} saved graphs installed in {:.2f} s", self._name, len(backends),
-                             time.perf_counter() - started)
-            except Exception as exc:  # torch changed, the source changed, a broken file: compile
-                logger.warning("compiled region {}: its saved graphs did not load ({}: {}); tracing it again",
-                               self._name, type(exc).__name__, str(exc)[:300])
-                _uninstall_partly_installed(package)
+        self._store, self._key, self._path = DiskDynamoStore(str(path.parent)), path.name, path
+        self.installed, self._called = False, False
+        self._tried = None  # the stored package's modification time when its install was last tried
+        self._install_saved()
         if not self.installed:
             self._package = CompilePackage(fn)
             self._compiled = self._optimize(fn, backend, self._package)
         self._packaged = self._compiled
+
+    def _install_saved(self) -> None:
+        """Install the stored package, if there is one not tried yet (a warning where it does not load)."""
+        try:
+            version = (self._path / "entry").stat().st_mtime_ns
+        except OSError:  # none stored
+            return
+        if version == self._tried:
+            return
+        self._tried = version
+        started, package = time.perf_counter(), None
+        try:
+            with torch.inference_mode(), torch._inductor.config.patch(getattr(self._backend, "options", {})):
+                package, backends = self._store.load_package(self._fn, self._key)
+                compiled = self._optimize(self._fn, self._backend, package)
+                package.install(backends)
+            _count_past_installed_names(sys.modules[self._fn.__module__])
+            self._package, self._compiled, self._packaged, self.installed = package, compiled, compiled, True
+            logger.debug("compiled region {}: {} saved graphs installed in {:.2f} s", self._name, len(backends),
+                         time.perf_counter() - started)
+        except Exception as exc:  # torch changed, the source changed, a broken file: compile
+            logger.warning("compiled region {}: its saved graphs did not load ({}: {}); tracing it again",
+                           self._name, type(exc).__name__, str(exc)[:300])
+            _uninstall_partly_installed(package)
 
     @staticmethod
     def _optimize(fn: Callable, backend, package) -> Callable:
@@ -183,6 +214,10 @@ class _StoredRegion:
             return self._call(args)
 
     def _call(self, args: tuple):
+        if not self._called:
+            self._called = True
+            if not self.installed:  # a compile helper may have stored it since (compile_helpers)
+                self._install_saved()
         if self.installed:
             try:
                 with torch.compiler.set_stance("fail_on_recompile"):
@@ -205,8 +240,7 @@ class _StoredRegion:
             self._saving, self._compiled = False, torch.compile(self._fn, backend=self._backend, fullgraph=True)
             result = self._compiled(*args)
         finally:
-            if self.installed:
-                _unmark(marked)
+            _unmark(marked)
         if self._saving and _compiles() != compiles:
             self._save()
         return result

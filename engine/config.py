@@ -79,6 +79,10 @@ class EngineConfig:
     # Fused Triton kernels for the decode step's projections where they apply; False: compiled
     # matmuls (for comparisons).
     fused_projections: bool = True
+    # On a first start (CUDA with torch.compile, the compiled regions' store without their graphs),
+    # helper processes compile the prefill's and the codec's while the engine compiles the decode
+    # step's (compile_helpers).
+    compile_helpers: bool = True
 
     def __post_init__(self):
         _one_of("device", self.device.split(":")[0], DEVICES)

@@ -24,6 +24,7 @@ from loguru import logger
 
 from .clip_encodes import ClipEncode, ClipEncodeQueue
 from .compilation import CompilePolicy
+from .compile_helpers import CompileHelpers
 from .config import EngineConfig
 from .errors import InputError
 from .loader import LoadedModels
@@ -89,9 +90,9 @@ class EngineCore:
         if self.config.decode_priority:
             use_high_priority_stream(self.models.placement.device)
 
-    def prepare(self) -> float:
+    def prepare(self, helpers: CompileHelpers | None = None) -> float:
         """On the worker thread, before any request: see GraphCapture.prepare."""
-        return self.graphs.prepare()
+        return self.graphs.prepare(helpers)
 
     def capture_more(self, up_to: int = 0) -> bool:
         """Capture larger batches' graphs (see GraphCapture.capture_more), only while no sequence

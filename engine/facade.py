@@ -22,6 +22,7 @@ from loguru import logger
 
 from . import compilation
 from .audio import load_audio
+from .compile_helpers import CompileHelpers
 from .config import EngineConfig
 from .core import MIN_GENERATION_ROOM, EngineCore
 from .device import memory_gb, slots_that_fit
@@ -103,6 +104,7 @@ class TTSEngine:
         self._counters = {"requests_total": 0, "errors_total": 0, "frames_total": 0, "audio_seconds_total": 0.0}
         self._last_frames_per_s: float | None = None
         self.is_ready = False
+        self._helpers = CompileHelpers()  # none until a first start's prepare() starts them
         logger.info("engine loaded: {} on {} ({}); decode: {}; {} concurrent sequences ({}; KV slots of {} positions); "
                     "cache dir {}; voices {}", models.description, models.placement.device, models.placement.reason,
                     self.policy.describe(), self.slots, slots_reason, capacity, cache_dir, self.voices.root)
@@ -212,12 +214,19 @@ class TTSEngine:
         every graph); the graphs of larger batches follow while the worker has nothing else to do,
         or when more requests arrive than can run (see Scheduler). Returns the seconds it took."""
 
+        if self.policy.compile and self.policy.cuda_graphs:
+            self._helpers = CompileHelpers.start(self.config, self.models.placement.device)
+
         def prepare_then_capture_more() -> float:
-            seconds = self._core.prepare()
+            seconds = self._core.prepare(self._helpers)
             self._worker.when_idle(self._core.capture_more)
             return seconds
 
         return self._worker.call(prepare_then_capture_more)
+
+    def prepare_part(self, part: str) -> float:
+        """A compile helper's work (compile_helpers.run_part): compile one part's regions."""
+        return self._worker.call(lambda: self._core.graphs.prepare_part(part))
 
     def warmup(self) -> None:
         """prepare(), then one short request end to end: the engine is ready."""
@@ -375,6 +384,7 @@ class TTSEngine:
         }
 
     def close(self) -> None:
+        self._helpers.close()
         self._worker.close()
 
 

@@ -45,6 +45,8 @@ def parse_args(argv=None):
     p.add_argument("--compile", default="auto", choices=["auto", "on", "off"])
     p.add_argument("--compile-mode", default="default", choices=["default", "max-autotune"])
     p.add_argument("--quantize", default="none")
+    p.add_argument("--compile-helpers", default="on", choices=["on", "off"],
+                   help="on a first start, helper processes compile parts of the graphs (engine/compile_helpers.py)")
     p.add_argument("--max-batch-size", type=int, default=0,
                    help="KV slots (concurrent sequences) of the engine; 0 = the engine's auto choice (64 on CUDA)")
     p.add_argument("--concurrency", default="1,4,16,64",
@@ -94,7 +96,7 @@ def startup_env(pycache_dir: str) -> dict:
     return {**env, "PYTHONUNBUFFERED": "1", "PYTHONPYCACHEPREFIX": pycache_dir}
 
 
-SETTINGS = ("weights", "device", "precision", "compile", "compile_mode", "quantize", "max_batch_size")
+SETTINGS = ("weights", "device", "precision", "compile", "compile_mode", "quantize", "max_batch_size", "compile_helpers")
 
 
 def _option(key: str) -> str:

@@ -22,6 +22,7 @@ def engine_config(settings: dict, cache_dir: str | None = None):
         device=settings["device"], precision=settings["precision"], compile=settings["compile"],
         quantize=settings["quantize"], cache_dir=cache_dir, max_batch_size=int(settings.get("max_batch_size", 1)),
         compile_mode=settings.get("compile_mode", "default"),
+        compile_helpers=settings.get("compile_helpers", "on") == "on",
         voices_dir=tempfile.mkdtemp(prefix="bench-voices-"), max_text_length=0,
     )
 

@@ -11,7 +11,16 @@ from pathlib import Path
 import pytest
 import torch
 
+from engine.compile_helpers import CompileHelpers
+
 PROJECT_FIXTURES = Path(__file__).parent / "fixtures"
+
+
+@pytest.fixture(autouse=True)
+def _no_compile_helpers(monkeypatch):
+    """Tests start many engines side by side, whose compile helpers would only add CPU load; a
+    start with helpers runs in processes of its own (tests/test_compilation.py)."""
+    monkeypatch.setattr(CompileHelpers, "start", classmethod(lambda cls, config, device: cls()))
 
 
 def fixtures_root() -> Path:

@@ -13,7 +13,7 @@ from unittest import mock
 import pytest
 import torch
 
-from engine import compilation
+from engine import compilation, compile_helpers
 from engine.compilation import Environment, decide, single_row_matmul
 from engine.errors import DeviceError
 from engine.runtime.step_runner import bucket_for, buckets_up_to
@@ -269,6 +269,53 @@ def test_a_warm_start_neither_compiles_nor_traces_again(tmp_path):
     assert not warm - cold, f"the warm start compiled {sorted(warm - cold)}"
     assert traced_again == {}, f"the warm start traced {traced_again} again (the compiled regions' store)"
 
+
+
+# A start of the demo engine (two KV slots) on the cache dir argv[2], compile helpers on or off
+# (argv[3]), then one request. Prints its audio's digest and the functions this process traced.
+START_AND_SPEAK = """
+import hashlib, json, sys
+sys.path[:0] = [sys.argv[1], sys.argv[1] + "/scripts"]
+from benchmark_phases import compiled_functions, keep_every_compile_record
+from engine.config import EngineConfig
+from engine.facade import TTSEngine
+from engine.params import SamplingParams
+keep_every_compile_record()
+engine = TTSEngine.from_config(EngineConfig(demo=True, device="cuda", compile="on", max_batch_size=2,
+                                            cache_dir=sys.argv[2], compile_helpers=sys.argv[3] == "on"))
+engine.prepare()
+audio = engine.synthesize("Hello there, one two three.", params=SamplingParams(max_new_tokens=64, seed=0)).audio
+engine.close()
+print(json.dumps({"audio": hashlib.sha256(audio.tobytes()).hexdigest(), "traced": sorted(compiled_functions())}))
+"""
+
+
+@pytest.mark.gpu
+def test_compile_helpers_compile_what_the_engine_then_installs(tmp_path):
+    """A first start with compile helpers (engine/compile_helpers.py): both helpers end well, the
+    engine traces none of their regions (it installs the packages they saved), speaks as an engine
+    that compiled everything itself, and a restart traces nothing."""
+    if (os.cpu_count() or 1) < compile_helpers.MIN_CPUS:
+        pytest.skip(f"compile helpers need {compile_helpers.MIN_CPUS} CPUs")
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "TRITON_PTXAS_PATH")}
+
+    def start(cache: str, helpers: str) -> tuple[dict, str]:
+        run = subprocess.run([sys.executable, "-c", START_AND_SPEAK, str(ROOT), str(tmp_path / cache), helpers],
+                             capture_output=True, text=True, timeout=900, cwd=ROOT, env=env)
+        assert run.returncode == 0, run.stderr[-3000:]
+        return json.loads(run.stdout.strip().splitlines()[-1]), run.stderr
+
+    first, log = start("helped", "on")
+    for part in compile_helpers.PARTS:
+        assert f"the compile helper of the {part} graphs is done" in log, log[-3000:]
+    theirs = {fn.__name__ for functions in compile_helpers.PARTS.values() for fn in functions}
+    assert first["traced"] and not theirs & set(first["traced"]), first["traced"]
+    alone, log = start("alone", "off")
+    assert "helper processes" not in log and theirs <= set(alone["traced"])
+    assert first["audio"] == alone["audio"]
+    again, log = start("helped", "on")
+    assert "helper processes" not in log and again == {"audio": first["audio"], "traced": []}
 
 
 def test_quantized_weights_keep_the_compiled_regions_out_of_the_store():

@@ -8,9 +8,12 @@ cannot serve (Scheduler.needs_capture).
 
 from __future__ import annotations
 
+import time
+
 import torch
 from loguru import logger
 
+from ..compile_helpers import CompileHelpers
 from .codec_runner import CodecRunner
 from .reference_encoder import ReferenceEncoder
 from .step_runner import StepRunner
@@ -39,17 +42,50 @@ class GraphCapture:
     def __init__(self, steps: StepRunner, codec: CodecRunner, encoder: ReferenceEncoder):
         self.steps, self.codec, self.encoder = steps, codec, encoder
 
-    def prepare(self) -> float:
+    def prepare(self, helpers: CompileHelpers | None = None) -> float:
         """On the worker thread, before any request: compile, and capture the graphs of one running
-        sequence (decode step, codec, reference encoder) and the codec's of two. Returns the
-        seconds it took."""
-        seconds = self.steps.prepare([1])
-        if self.steps.policy.cuda_graphs:
+        sequence (decode step, codec, reference encoder) and the codec's of two. With compile
+        helpers (a first start: compile_helpers), the engine captures the step's graphs of two rows
+        too while they compile the prefill's and the codec's regions, then waits for each before
+        its graphs. Returns the seconds it took."""
+        started = time.perf_counter()
+        helpers = helpers or CompileHelpers()
+        try:
+            self.steps.prepare([1], prefill=not helpers.running())
+            if helpers.running() and 2 in self.steps.pending_batches:
+                self._capture_step_of(2)
+            helpers.wait("prefill")
+            self.steps.prepare_prefill()
+            if self.steps.policy.cuda_graphs:
+                helpers.wait("codec")
+                self.prepare_part("codec")
+        finally:
+            helpers.close()  # those not waited for, where a capture failed
+        return time.perf_counter() - started
+
+    def prepare_part(self, part: str) -> float:
+        """One compile helper's part (compile_helpers.PARTS), in its process or in the engine's."""
+        started = time.perf_counter()
+        if part == "codec":
             # The codec's graphs of two rows too: their capture compiles the post-transformer's
             # graph for every row count above one (set_up_codec), which would otherwise happen at the
             # first larger batch's capture, while requests wait.
-            seconds += self.codec.prepare(min(2, self.codec.rows)) + self.encoder.prepare()
-        return seconds
+            self.codec.prepare(min(2, self.codec.rows))
+            self.encoder.prepare()
+        elif part == "prefill":
+            self.steps.compile_prefill(batched=self.steps.cache.n_slots > 1)
+        else:
+            raise ValueError(f"unknown part {part!r}")
+        return time.perf_counter() - started
+
+    def _capture_step_of(self, batch: int) -> None:
+        """The step's graphs of `batch` rows ahead of their turn in capture_more (the codec's
+        follow there); a failure stops capturing, as there."""
+        try:
+            self.steps.prepare([batch], prefill=False)
+        except Exception:
+            logger.exception("capturing the graphs of batch {} failed; serving at most {} sequences at once",
+                             batch, self.steps.ready_slots)
 
     def capture_more(self, up_to: int = 0) -> bool:
         """Capture the next batch bucket's codec and step graphs, and the following ones until `up_to`

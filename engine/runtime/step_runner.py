@@ -182,21 +182,18 @@ class StepRunner:
 
     # ---- graphs -------------------------------------------------------------------------------
 
-    def prepare(self, batch_sizes: list[int] | None = None) -> float:
+    def prepare(self, batch_sizes: list[int] | None = None, prefill: bool = True) -> float:
         """Compile prefill (first call; the batched prefill with the first batch above one) and
         capture every kv bucket of the given batch buckets (all by default), then, with the first
-        batch above one, the prefill graphs; returns the seconds it took. Only while no sequence is
-        running: the compiling calls write slots 0 and 1."""
+        batch above one, the prefill graphs; returns the seconds it took. prefill=False leaves the
+        prefill's part to a later prepare_prefill() (its compile helper's: compile_helpers). Only
+        while no sequence is running: the compiling calls write slots 0 and 1."""
         if not self.policy.cuda_graphs:
             return 0.0
         started = time.perf_counter()
         batch_sizes = batch_sizes or self.batch_buckets
-        if self.policy.compile and not self._prefill_compiled:
-            self.prefill(0, self._compile_prompt())
-            self._prefill_compiled = True
-            logger.info("prefill compiled in {:.1f} s", time.perf_counter() - started)
-        if self._pending_batched_prefill is not None and max(batch_sizes) > 1:
-            self._compile_batched_prefill()
+        if prefill:
+            self.compile_prefill(batched=max(batch_sizes) > 1)
         captured = len(self._graphs)
         try:
             for batch in batch_sizes:
@@ -210,12 +207,31 @@ class StepRunner:
             raise
         finally:
             self.state.positions.zero_()
-        if max(batch_sizes) > 1 and not self._prefill_graphs_tried:
+        if prefill and max(batch_sizes) > 1 and not self._prefill_graphs_tried:
             self._capture_prefill_graphs()
         seconds = time.perf_counter() - started
         logger.info("captured {} CUDA graphs ({}) in {:.1f} s", len(self._graphs) - captured, self.policy.describe(),
                     seconds)
         return seconds
+
+    def compile_prefill(self, batched: bool) -> None:
+        """Compile the prefill of one row (once), and with `batched` that of rows admitted together."""
+        started = time.perf_counter()
+        if self.policy.compile and not self._prefill_compiled:
+            self.prefill(0, self._compile_prompt())
+            self._prefill_compiled = True
+            logger.info("prefill compiled in {:.1f} s", time.perf_counter() - started)
+        if self._pending_batched_prefill is not None and batched:
+            self._compile_batched_prefill()
+
+    def prepare_prefill(self) -> None:
+        """The prefill's part of prepare() calls made with prefill=False: compile it, and once
+        batches above one are captured, the batched prefill and the prefill graphs."""
+        if not self.policy.cuda_graphs:
+            return
+        self.compile_prefill(batched=self.ready_slots > 1)
+        if self.ready_slots > 1 and not self._prefill_graphs_tried:
+            self._capture_prefill_graphs()
 
     def _capture_prefill_graphs(self) -> None:
         """Capture the prefill graphs (after the engine is ready: a few seconds). If that fails,
