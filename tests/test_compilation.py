@@ -272,7 +272,7 @@ def test_a_warm_start_neither_compiles_nor_traces_again(tmp_path):
 
 
 # A start of the demo engine (two KV slots) on the cache dir argv[2], compile helpers on or off
-# (argv[3]), then one request. Prints its audio's digest and the functions this process traced.
+# (argv[3]), every graph captured, then one request. Prints its audio's digest and the functions this process traced.
 START_AND_SPEAK = """
 import hashlib, json, sys
 sys.path[:0] = [sys.argv[1], sys.argv[1] + "/scripts"]
@@ -284,6 +284,7 @@ keep_every_compile_record()
 engine = TTSEngine.from_config(EngineConfig(demo=True, device="cuda", compile="on", max_batch_size=2,
                                             cache_dir=sys.argv[2], compile_helpers=sys.argv[3] == "on"))
 engine.prepare()
+engine.capture_all()
 audio = engine.synthesize("Hello there, one two three.", params=SamplingParams(max_new_tokens=64, seed=0)).audio
 engine.close()
 print(json.dumps({"audio": hashlib.sha256(audio.tobytes()).hexdigest(), "traced": sorted(compiled_functions())}))
