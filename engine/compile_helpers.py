@@ -126,7 +126,7 @@ def _reason_against(config: EngineConfig, device: torch.device, parts: list[str]
         return "turned off (compile_helpers)"
     if not parts:
         return "the store holds every part's graphs, or the compiled regions' store is off"
-    cpus = os.cpu_count() or 1
+    cpus = usable_cpus()
     if cpus < MIN_CPUS:
         return f"{cpus} CPUs (helpers need {MIN_CPUS})"
     free, _ = torch.cuda.mem_get_info(device)
@@ -134,6 +134,13 @@ def _reason_against(config: EngineConfig, device: torch.device, parts: list[str]
         return (f"{free / 1e9:.1f} GB of GPU memory free ({len(parts)} helpers need "
                 f"{len(parts) * HELPER_GPU_BYTES / 1e9:.0f} GB)")
     return None
+
+
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity: a container's cpuset), where the OS says."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
 
 
 def _tail(log) -> str:

@@ -79,9 +79,9 @@ def test_reasons_against_helpers(monkeypatch):
     parts = list(PARTS)
     assert "turned off" in compile_helpers._reason_against(EngineConfig(compile_helpers=False), device, parts)
     assert "every part" in compile_helpers._reason_against(EngineConfig(), device, [])
-    monkeypatch.setattr(compile_helpers.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(compile_helpers, "usable_cpus", lambda: 2)
     assert "2 CPUs" in compile_helpers._reason_against(EngineConfig(), device, parts)
-    monkeypatch.setattr(compile_helpers.os, "cpu_count", lambda: 16)
+    monkeypatch.setattr(compile_helpers, "usable_cpus", lambda: 16)
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (12 << 30, 80 << 30))
     assert "GPU memory free" in compile_helpers._reason_against(EngineConfig(), device, parts)
     assert compile_helpers._reason_against(EngineConfig(), device, parts[:1]) is None
@@ -96,7 +96,7 @@ def test_a_helper_starts_for_each_part_the_store_lacks(monkeypatch):
     installed = {fn: True for functions in PARTS.values() for fn in functions}
     installed[PARTS["codec"][1]] = False
     monkeypatch.setattr(compiled_regions, "installed", lambda fn: installed[fn])
-    monkeypatch.setattr(compile_helpers.os, "cpu_count", lambda: 16)
+    monkeypatch.setattr(compile_helpers, "usable_cpus", lambda: 16)
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (40 << 30, 80 << 30))
     commands = []
     monkeypatch.setattr(compile_helpers, "spawn", lambda command: commands.append(command) or (None, None))
