@@ -47,7 +47,9 @@ class VoiceStore:
     """Named voices under `root`, one folder per voice id: an audio file plus its transcript.
 
     Our own layout is `<id>/sample.<ext>` + `<id>/transcript.txt`; the reference server's
-    `<id>/<name>.<ext>` + `<id>/<name>.lab` is read as well. Folders appear and disappear by
+    `<id>/<name>.<ext>` + `<id>/<name>.lab` is read as well. Ids ignore case, on every file system:
+    "narrator" finds the voice saved as "Narrator", and a second voice of the same id in another case
+    is refused. Folders appear and disappear by
     rename, so readers never see half a voice, and nothing is cached: every process sharing the
     folder (the replicas of a cluster) sees an add, rename or delete at once. Writers, threads or
     processes, take turns through a lock file in the folder (`.lock`; on a shared volume across
@@ -83,12 +85,12 @@ class VoiceStore:
         return removed
 
     def exists(self, voice_id: str) -> bool:
-        """Whether a folder named `voice_id` exists (False for an invalid id)."""
+        """Whether a voice of this id (in any case) exists (False for an invalid id)."""
         try:
             check_voice_id(voice_id)
         except InputError:
             return False
-        return (self.root / voice_id).is_dir()
+        return self._folder(voice_id) is not None
 
     def list(self) -> list[str]:
         """Sorted ids of the folders that hold a usable voice."""
@@ -103,8 +105,8 @@ class VoiceStore:
         """(audio file path, transcript) of a saved voice."""
         check_voice_id(voice_id)
         with self._lock:
-            folder = self.root / voice_id
-            if not folder.is_dir():
+            folder = self._folder(voice_id)
+            if folder is None:
                 raise VoiceNotFoundError(self.not_found_message(voice_id))
             found = _find_voice(folder)
         if found is None:
@@ -124,11 +126,13 @@ class VoiceStore:
             self._check_voice(samples, transcript.strip())
         data, extension = _audio_file_content(audio_source, samples)
         with self._writing():
-            target = self.root / voice_id
-            if target.exists():
+            existing = self._folder(voice_id)
+            if existing is not None:
                 raise VoiceExistsError(
-                    f"a voice named {voice_id!r} already exists; choose another id, or delete or rename the old one"
+                    f"a voice named {existing.name!r} already exists (ids ignore case); choose another id, or "
+                    "delete or rename the old one"
                 )
+            target = self.root / voice_id
             staging = self._work_dir(ADDING_PREFIX)
             staging.mkdir()
             try:
@@ -143,8 +147,8 @@ class VoiceStore:
     def delete(self, voice_id: str):
         check_voice_id(voice_id)
         with self._writing():
-            folder = self.root / voice_id
-            if not folder.is_dir():
+            folder = self._folder(voice_id)
+            if folder is None:
                 raise VoiceNotFoundError(self.not_found_message(voice_id))
             trash = self._work_dir(DELETED_PREFIX)
             os.rename(folder, trash)  # the voice disappears at once; removing the files can take a while
@@ -154,13 +158,22 @@ class VoiceStore:
         check_voice_id(old_id)
         check_voice_id(new_id)
         with self._writing():
-            source, target = self.root / old_id, self.root / new_id
-            if not source.is_dir():
+            source, taken = self._folder(old_id), self._folder(new_id)
+            if source is None:
                 raise VoiceNotFoundError(self.not_found_message(old_id))
-            # On case-insensitive file systems "alice" -> "Alice" finds the target already "there".
-            if target.exists() and not os.path.samefile(source, target):
-                raise VoiceExistsError(f"a voice named {new_id!r} already exists; choose another name")
-            os.rename(source, target)  # one step: a crash leaves the voice under one of its names
+            # "alice" -> "Alice" renames a voice to its own id in another case.
+            if taken is not None and not os.path.samefile(source, taken):
+                raise VoiceExistsError(f"a voice named {taken.name!r} already exists (ids ignore case); choose another name")
+            os.rename(source, self.root / new_id)  # one step: a crash leaves the voice under one of its names
+
+    def _folder(self, voice_id: str) -> Path | None:
+        """The folder of the voice `voice_id` names: of that name, else of that name in another case."""
+        exact = self.root / voice_id
+        if exact.is_dir():
+            return exact
+        wanted = voice_id.casefold()
+        return next((child for child in self.root.iterdir()
+                     if child.name.casefold() == wanted and child.is_dir() and VOICE_ID_PATTERN.match(child.name)), None)
 
     def _work_dir(self, prefix: str) -> Path:
         return self.root / f"{prefix}{os.getpid()}-{uuid.uuid4().hex}"

@@ -120,7 +120,7 @@ def test_replicas_flag():
 
 
 def test_voice_keys_and_preferred_replicas():
-    assert voice_key("alice", [b"ignored"]) == "voice:alice"
+    assert voice_key("alice", [b"ignored"]) == voice_key("Alice", []) == "voice:alice"  # ids ignore case
     assert voice_key(None, []) is None
     assert voice_key(None, [b"clip"]) == voice_key(None, [b"clip"]) != voice_key(None, [b"other clip"])
     replicas = [SimpleNamespace(replica_id=SimpleNamespace(unique_id=f"r{i}")) for i in range(4)]

@@ -257,6 +257,22 @@ def test_duplicate_id(store, clips):
         store.add("Alice", clips.wav(), "other text")
 
 
+def test_ids_ignore_case_on_every_file_system(store, clips):
+    """"narrator" names the voice saved as "Narrator" (as on Windows and macOS, whose file systems
+    ignore case), and another voice cannot take the same id in another case."""
+    store.add("Narrator", clips.wav(), "text")
+    assert store.exists("narrator") and store.get("NARRATOR") == store.get("Narrator")
+    with pytest.raises(VoiceExistsError, match="'Narrator' already exists"):
+        store.add("narrator", clips.wav(), "other text")
+    store.add("Guide", clips.wav(), "text")
+    with pytest.raises(VoiceExistsError, match="'Guide' already exists"):
+        store.rename("narrator", "guide")
+    store.rename("narrator", "Storyteller")
+    assert store.list() == ["Guide", "Storyteller"]
+    store.delete("GUIDE")
+    assert store.list() == ["Storyteller"]
+
+
 @pytest.mark.parametrize(
     "voice_id, message",
     [

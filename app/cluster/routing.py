@@ -30,9 +30,10 @@ QUEUE_PROBE_DEADLINE_S = 0.2
 
 
 def voice_key(voice_id: str | None, clip_bytes: list[bytes]) -> str | None:
-    """The routing key of a request: its saved voice, else the content of its inline clips."""
+    """The routing key of a request: its saved voice (ids ignore case), else the content of its
+    inline clips."""
     if voice_id:
-        return f"voice:{voice_id}"
+        return f"voice:{voice_id.casefold()}"
     if not clip_bytes:
         return None
     digest = hashlib.sha256()
