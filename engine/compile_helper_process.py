@@ -4,20 +4,15 @@ compiles PART's compiled regions in a small engine of CONFIG (JSON) and saves th
 from __future__ import annotations
 
 import dataclasses
-import json
 import sys
 import tempfile
 
 from loguru import logger
 
 from . import compiled_regions
-from .compile_helpers import NAME_OFFSET, PARTS
+from .compile_helpers import NAME_OFFSET, PARTS, config_from_json
 from .config import EngineConfig
 from .facade import TTSEngine
-
-
-def config_from_json(text: str) -> EngineConfig:
-    return EngineConfig(**json.loads(text))
 
 
 def run_part(part: str, config: EngineConfig) -> float:

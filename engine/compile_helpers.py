@@ -113,6 +113,10 @@ def config_to_json(config: EngineConfig) -> str:
     return json.dumps(dataclasses.asdict(config))
 
 
+def config_from_json(text: str) -> EngineConfig:
+    return EngineConfig(**json.loads(text))
+
+
 def spawn(command: list[str]) -> tuple[subprocess.Popen, object]:
     """A helper process running `command`, its output in a temporary file: (process, file)."""
     log = tempfile.TemporaryFile()

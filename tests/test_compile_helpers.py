@@ -105,7 +105,7 @@ def test_a_helper_starts_for_each_part_the_store_lacks(monkeypatch):
     assert helpers.running()
     [command] = commands
     assert command[2:4] == ["engine.compile_helper_process", "codec"]
-    helper_config = compile_helper_process.config_from_json(command[4])
+    helper_config = compile_helpers.config_from_json(command[4])
     assert (helper_config.max_batch_size, helper_config.compile_helpers) == (compile_helpers.HELPER_SLOTS, False)
     assert (helper_config.random_weights, helper_config.cache_dir) == (True, "/tmp/x")
 
@@ -117,7 +117,7 @@ def test_a_helper_refuses_an_unknown_part():
 
 def test_the_config_travels_whole():
     config = EngineConfig(random_weights=True, max_encode_batch=8, cache_dir="/tmp/x", seed=3)
-    assert compile_helper_process.config_from_json(compile_helpers.config_to_json(config)) == config
+    assert compile_helpers.config_from_json(compile_helpers.config_to_json(config)) == config
 
 
 # A process with compiled pointwise regions stored under argv[2]: argv[3] "helper" compiles two of
