@@ -43,7 +43,7 @@ PARTS = {
 HELPER_SLOTS = 2  # the graphs of two rows serve every larger batch
 MIN_CPUS = 8  # three processes compile at once, each with Inductor's pool of compile workers
 HELPER_GPU_BYTES = 8 << 30  # weights, two slots of KV cache, compiling activations, with room
-WAIT_S = 600.0
+WAIT_S = 240.0  # a helper takes ~50 s on an H100 host of 16 CPUs; one stuck past this is stopped
 LOG_TAIL_CHARS = 2000
 NAME_OFFSET = 10**9  # helper i numbers Dynamo's globals from (i + 1) * NAME_OFFSET (store_only)
 
