@@ -197,3 +197,15 @@ def test_profile_startup_profiles_a_cold_start_and_a_restart_of_the_demo_model(t
         assert start["phase"]["to_first_audio_s"] > 0 and start["threads"]["MainThread"]["sampled_s"] > 0
     assert (raw / "cold.txt").is_file() and (raw / "restart1.txt").is_file()
     assert "restart1: first audio after" in run.stdout
+
+
+def test_profile_startup_starts_the_benchmark_with_or_without_compile_helpers(tmp_path, monkeypatch):
+    """py-spy samples the engine's process only: --compile-helpers off profiles a cold start whose
+    engine compiles everything."""
+    commands = []
+    phase = {"to_first_audio_s": 1.0, "compile_s": 1.0, "to_all_graphs_s": 1.0}
+    monkeypatch.setattr(profile_startup, "profile_start", lambda argv, *rest: commands.append(argv) or
+                        {"phase": phase, "threads": {}, "regions_by_caller": {}})
+    profile_startup.main(["--weights", "demo", "--restarts", "0", "--compile-helpers", "off"])
+    profile_startup.main(["--weights", "demo", "--restarts", "0"])
+    assert commands == [["--weights", "demo", "--compile-helpers", "off"], ["--weights", "demo", "--compile-helpers", "on"]]

@@ -4,6 +4,7 @@ then every batch's graphs) run under py-spy, a cold start on a fresh compile cac
 --restarts warm ones on the same cache, each summarised by what its threads were doing.
 
     python tools/profile_startup.py --weights random [--restarts 1] [--rate 50] [--keep DIR] [--json out.json]
+                                    [--compile-helpers off]
 
 For each start: the phase's own figures (scripts/benchmark_phases.py: to_first_audio_s,
 compile_s, ...) and, per thread (the GPU worker does every compile and capture; the main thread
@@ -12,7 +13,9 @@ launch, Triton's C launchers built with a C compiler, Inductor's codegen, AOTAut
 compile pool, CUDA graph capture, ...), and the worker's sampled seconds per compiled region, named
 by the engine code that called it. py-spy samples without stopping the process (--nonblocking), so
 its seconds are shares of the sampled time: compare them with each other, and the run's wall time
-with the phase's figures. --keep DIR keeps py-spy's raw samples (flamegraph.pl reads them).
+with the phase's figures. --keep DIR keeps py-spy's raw samples (flamegraph.pl reads them). A
+cold start's compile helpers (engine/compile_helpers.py) run in processes of their own, which py-spy
+does not sample: --compile-helpers off profiles a cold start whose engine compiles everything.
 """
 
 from __future__ import annotations
@@ -97,11 +100,11 @@ def py_spy() -> str:
     return found
 
 
-def profile_start(weight_argv: list[str], cache_dir: str, env: dict, raw_path: Path, rate: float) -> dict:
+def profile_start(start_argv: list[str], cache_dir: str, env: dict, raw_path: Path, rate: float) -> dict:
     """One start-up phase under py-spy: the phase's JSON result plus the summary of its samples."""
     command = [py_spy(), "record", "--threads", "--idle", "--nonblocking", "--rate", str(rate), "--format", "raw",
                "--output", str(raw_path), "--", sys.executable, str(ROOT / "scripts" / "benchmark.py"),
-               "--phase", "startup", "--cache-dir", cache_dir, *weight_argv]
+               "--phase", "startup", "--cache-dir", cache_dir, *start_argv]
     run = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=3600)
     results = [line for line in run.stdout.splitlines() if line.startswith("{")]
     if run.returncode != 0 or not results or not raw_path.is_file():
@@ -134,15 +137,18 @@ def main(argv=None) -> None:
     p.add_argument("--rate", type=float, default=50, help="py-spy samples a second")
     p.add_argument("--keep", type=Path, help="keep py-spy's raw samples here (cold.txt, restart1.txt, ...)")
     p.add_argument("--json", type=Path, help="write the results here")
+    p.add_argument("--compile-helpers", default="on", choices=["on", "off"],
+                   help="the cold start's compile helper processes (not sampled)")
     args = parse_with_weights(p, argv)
-    weight_argv = ["--weights", args.weights, *(["--checkpoint", args.checkpoint] if args.checkpoint else [])]
+    start_argv = ["--weights", args.weights, *(["--checkpoint", args.checkpoint] if args.checkpoint else []),
+                   "--compile-helpers", args.compile_helpers]
     work = Path(tempfile.mkdtemp(prefix="profile-startup-"))
     raw_dir = args.keep or work
     raw_dir.mkdir(parents=True, exist_ok=True)
     env = startup_env(str(work / "pycache"))
     starts = {}
     for label in ["cold", *(f"restart{i}" for i in range(1, args.restarts + 1))]:
-        starts[label] = profile_start(weight_argv, str(work / "compile-cache"), env, raw_dir / f"{label}.txt",
+        starts[label] = profile_start(start_argv, str(work / "compile-cache"), env, raw_dir / f"{label}.txt",
                                       args.rate)
         print_start(label, starts[label])
     if args.json:
