@@ -23,6 +23,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 import torch
@@ -54,6 +55,14 @@ class CompileHelpers:
     def __init__(self, processes: dict[str, tuple[subprocess.Popen, object]] | None = None):
         self._processes = processes or {}  # part -> (process, its log file)
         self._started = time.perf_counter()
+        self._ended: dict[str, float] = {}  # part -> seconds after the start its helper ended
+        for part, (process, _) in self._processes.items():
+            threading.Thread(target=self._note_end, args=(part, process), daemon=True,
+                             name=f"s1-compile-helper-{part}").start()
+
+    def _note_end(self, part: str, process: subprocess.Popen) -> None:
+        process.wait()
+        self._ended[part] = time.perf_counter() - self._started
 
     @classmethod
     def start(cls, config: EngineConfig, device: torch.device) -> "CompileHelpers":
@@ -97,8 +106,9 @@ class CompileHelpers:
             logger.warning("the compile helper of the {} graphs failed (exit {}); the engine compiles them itself. "
                            "Its last output:\n{}", part, code, tail)
         else:
-            logger.info("the compile helper of the {} graphs is done, {:.1f} s after the start", part,
-                        time.perf_counter() - self._started)
+            waited = time.perf_counter() - self._started
+            logger.info("the compile helper of the {} graphs ended {:.1f} s after the start (the engine went on "
+                        "at {:.1f} s)", part, self._ended.get(part, waited), waited)
 
     def close(self) -> None:
         """Stop the helpers still running (the engine closes before it needed them)."""

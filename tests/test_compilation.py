@@ -309,7 +309,7 @@ def test_compile_helpers_compile_what_the_engine_then_installs(tmp_path):
 
     first, log = start("helped", "on")
     for part in compile_helpers.PARTS:
-        assert f"the compile helper of the {part} graphs is done" in log, log[-3000:]
+        assert f"the compile helper of the {part} graphs ended" in log, log[-3000:]
     theirs = {fn.__name__ for functions in compile_helpers.PARTS.values() for fn in functions}
     assert first["traced"] and not theirs & set(first["traced"]), first["traced"]
     alone, log = start("alone", "off")

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -31,7 +33,7 @@ def log_lines():
 
 
 def python(code: str):
-    return spawn([sys.executable, "-c", code])
+    return spawn([sys.executable, "-c", code])  # spawn as imported: a test patching the module's keeps it
 
 
 def test_no_helper_means_no_wait():
@@ -48,7 +50,18 @@ def test_wait_waits_for_the_helper_and_reports_it_once(log_lines):
     helpers.wait("codec")
     assert process.poll() == 0 and not helpers.running()
     helpers.wait("codec")  # answered at once from now on
-    assert sum("is done" in line for line in log_lines) == 1
+    assert sum("graphs ended" in line for line in log_lines) == 1
+
+
+def test_the_report_tells_when_the_helper_ended_and_when_the_engine_went_on(log_lines):
+    """A helper that ended while the engine still compiled its own graphs: both times, apart."""
+    process, log = python("pass")
+    helpers = CompileHelpers({"prefill": (process, log)})
+    time.sleep(3)
+    helpers.wait("prefill")
+    [line] = [line for line in log_lines if "graphs ended" in line]
+    ended, went_on = map(float, re.findall(r"(\d+\.\d) s", line))
+    assert ended < 2.5 <= went_on, line
 
 
 def test_a_failed_helper_is_a_warning_with_its_output(log_lines):
@@ -99,7 +112,7 @@ def test_a_helper_starts_for_each_part_the_store_lacks(monkeypatch):
     monkeypatch.setattr(compile_helpers, "usable_cpus", lambda: 16)
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (40 << 30, 80 << 30))
     commands = []
-    monkeypatch.setattr(compile_helpers, "spawn", lambda command: commands.append(command) or (None, None))
+    monkeypatch.setattr(compile_helpers, "spawn", lambda command: commands.append(command) or python("pass"))
     config = EngineConfig(random_weights=True, max_batch_size=64, cache_dir="/tmp/x")
     helpers = CompileHelpers.start(config, torch.device("cuda"))
     assert helpers.running()
@@ -108,6 +121,7 @@ def test_a_helper_starts_for_each_part_the_store_lacks(monkeypatch):
     helper_config = compile_helpers.config_from_json(command[4])
     assert (helper_config.max_batch_size, helper_config.compile_helpers) == (compile_helpers.HELPER_SLOTS, False)
     assert (helper_config.random_weights, helper_config.cache_dir) == (True, "/tmp/x")
+    helpers.close()
 
 
 def test_a_helper_refuses_an_unknown_part():
