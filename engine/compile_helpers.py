@@ -166,7 +166,9 @@ def _tail(log) -> str:
 
 
 def _helper_environment() -> dict[str, str]:
-    """This process's environment (its cache dirs, its GPU), with this package importable."""
+    """This process's environment (its cache dirs, its GPU), with this package importable and the
+    Hugging Face hub offline: the engine has fetched the checkpoint into the hub's cache already, and
+    a helper must not wait on the network to find it there."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
-    return {**os.environ, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1"}
+    return {**os.environ, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1"}

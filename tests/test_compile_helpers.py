@@ -124,6 +124,17 @@ def test_a_helper_starts_for_each_part_the_store_lacks(monkeypatch):
     helpers.close()
 
 
+def test_a_helper_runs_this_package_with_the_hub_offline(monkeypatch):
+    """The engine fetched the checkpoint before it started the helpers: a helper finds it in the
+    hub's cache without asking the network."""
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    process, log = python("import os, engine.compile_helpers; print(os.environ['HF_HUB_OFFLINE'])")
+    assert process.wait(timeout=120) == 0
+    log.seek(0)
+    assert log.read().decode().split() == ["1"]
+    log.close()
+
+
 def test_a_helper_refuses_an_unknown_part():
     with pytest.raises(ValueError, match="unknown part"):
         compile_helper_process.run_part("decoder", EngineConfig(demo=True))
