@@ -75,8 +75,15 @@ class CompileHelpers:
             logger.debug("no compile helpers: {}", reason)
             return cls()
         helper_config = config_to_json(dataclasses.replace(config, max_batch_size=HELPER_SLOTS, compile_helpers=False))
-        processes = {part: spawn([sys.executable, "-m", "engine.compile_helper_process", part, helper_config])
-                     for part in parts}
+        processes = {}
+        try:
+            for part in parts:
+                processes[part] = spawn([sys.executable, "-m", "engine.compile_helper_process", part, helper_config])
+        except OSError as exc:  # no Python to run them (a frozen app), no processes left to start
+            cls(processes).close()
+            logger.warning("compile helpers could not start ({}: {}); the engine compiles everything itself",
+                           type(exc).__name__, exc)
+            return cls()
         logger.info("first start: {} helper processes compile the {} graphs meanwhile", len(processes),
                     " and ".join(parts))
         return cls(processes)

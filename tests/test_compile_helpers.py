@@ -135,6 +135,25 @@ def test_a_helper_runs_this_package_with_the_hub_offline(monkeypatch):
     log.close()
 
 
+def test_helpers_that_cannot_start_leave_the_engine_to_compile(monkeypatch, log_lines):
+    monkeypatch.undo()  # the conftest's stand-in for CompileHelpers.start
+    monkeypatch.setattr(compiled_regions, "installed", lambda fn: False)
+    monkeypatch.setattr(compile_helpers, "usable_cpus", lambda: 16)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (40 << 30, 80 << 30))
+    started = []
+
+    def spawn_one_then_fail(command):
+        if started:
+            raise OSError("no more processes")
+        started.append(python("import time; time.sleep(60)"))
+        return started[0]
+
+    monkeypatch.setattr(compile_helpers, "spawn", spawn_one_then_fail)
+    helpers = CompileHelpers.start(EngineConfig(random_weights=True), torch.device("cuda"))
+    assert not helpers.running() and started[0][0].poll() is not None  # the one started is stopped
+    assert any("could not start" in line and "no more processes" in line for line in log_lines)
+
+
 def test_a_helper_refuses_an_unknown_part():
     with pytest.raises(ValueError, match="unknown part"):
         compile_helper_process.run_part("decoder", EngineConfig(demo=True))
