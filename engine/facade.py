@@ -212,8 +212,8 @@ class TTSEngine:
     def prepare(self) -> float:
         """Compile and capture what one running request needs (on the worker thread, which owns
         every graph); the graphs of larger batches follow while the worker has nothing else to do,
-        or when more requests arrive than can run (see Scheduler). Returns the seconds it took."""
-
+        or when more requests arrive than can run (see Scheduler). On a first start, helper processes
+        compile parts of the graphs meanwhile (compile_helpers). Returns the seconds it took."""
         if self.policy.compile and self.policy.cuda_graphs:
             self._helpers = CompileHelpers.start(self.config, self.models.placement.device)
 
@@ -225,7 +225,7 @@ class TTSEngine:
         return self._worker.call(prepare_then_capture_more)
 
     def prepare_part(self, part: str) -> float:
-        """A compile helper's work (compile_helpers.run_part): compile one part's regions."""
+        """A compile helper's work (compile_helper_process.run_part): compile one part's regions."""
         return self._worker.call(lambda: self._core.graphs.prepare_part(part))
 
     def warmup(self) -> None:
