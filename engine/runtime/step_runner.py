@@ -207,7 +207,7 @@ class StepRunner:
             raise
         finally:
             self.state.positions.zero_()
-        if prefill and max(batch_sizes) > 1 and not self._prefill_graphs_tried:
+        if prefill and max(batch_sizes) > 1:
             self._capture_prefill_graphs()
         seconds = time.perf_counter() - started
         logger.info("captured {} CUDA graphs ({}) in {:.1f} s", len(self._graphs) - captured, self.policy.describe(),
@@ -230,12 +230,15 @@ class StepRunner:
         if not self.policy.cuda_graphs:
             return
         self.compile_prefill(batched=self.ready_slots > 1)
-        if self.ready_slots > 1 and not self._prefill_graphs_tried:
+        if self.ready_slots > 1:
             self._capture_prefill_graphs()
 
     def _capture_prefill_graphs(self) -> None:
         """Capture the prefill graphs (after the engine is ready: a few seconds). If that fails,
-        prefill keeps its compiled calls: slower admission beside a busy event loop, the same KV."""
+        prefill keeps its compiled calls: slower admission beside a busy event loop, the same KV. Tried
+        once: after a failure too."""
+        if self._prefill_graphs_tried:
+            return
         self._prefill_graphs_tried = True
         graphs = PrefillGraphs(self.cache, self.cache.n_slots, self.model.config.num_codebooks + 1)
         try:
