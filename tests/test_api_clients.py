@@ -16,14 +16,15 @@ import numpy as np
 import openai
 import ormsgpack
 import pytest
+import soundfile as sf
 from fish_audio_sdk import Session
 from fish_audio_sdk import TTSRequest as LegacyTTSRequest
 from fishaudio import FishAudio
 from fishaudio.types import Prosody, TTSConfig
-from pydub import AudioSegment
 from websockets.exceptions import ConnectionClosedError
 from websockets.sync.client import connect
 
+from engine.ffmpeg import to_wav
 from tests.test_app_support import (
     FAST,
     ONE_FRAME_S,
@@ -74,10 +75,10 @@ def narrator(http):
 
 
 def decode_any(data: bytes) -> tuple[np.ndarray, int]:
-    """Samples and rate of any container ffmpeg reads (AAC/ADTS included, which libsndfile lacks)."""
-    segment = AudioSegment.from_file(io.BytesIO(data))
-    samples = np.array(segment.get_array_of_samples(), dtype=np.float32) / 2 ** (8 * segment.sample_width - 1)
-    return samples.reshape(-1, segment.channels).mean(axis=1), segment.frame_rate
+    """Samples and rate of any container ffmpeg reads (AAC/ADTS included, which libsndfile lacks),
+    through the engine's ffmpeg: the one on PATH, else imageio-ffmpeg's, which has no ffprobe."""
+    samples, rate = sf.read(io.BytesIO(to_wav(data)), dtype="float32", always_2d=True)
+    return samples.mean(axis=1), rate
 
 
 def check_audio(data: bytes, rate: int, min_seconds: float = ONE_FRAME_S) -> np.ndarray:
