@@ -144,4 +144,5 @@ def test_a_failed_prefill_graph_capture_leaves_the_compiled_prefill_and_is_not_r
     assert not tries  # batch 1 alone: no prefill graphs yet
     runner.prepare([2])
     runner.prepare([4])
+    runner.prepare_prefill()  # the other way in (after a compile helper's prefill): no second try either
     assert tries == [[1, 2, 4]] and runner.prefill_graphs is None and runner.ready_slots == 4
