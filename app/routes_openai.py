@@ -51,7 +51,7 @@ def resolve_voice(store, mapping: dict[str, str], body: SpeechRequest) -> Voice:
     send) or none; with a saved voice they would contradict it, so that is refused."""
     name = body.voice.id if isinstance(body.voice, VoiceId) else body.voice
     if body.reference_id:
-        if name.lower() not in OPENAI_VOICE_NAMES and name not in ("default", body.reference_id):
+        if name.lower() not in OPENAI_VOICE_NAMES and name.casefold() not in ("default", body.reference_id.casefold()):
             raise HTTPProblem(400, f"voice {name!r} and reference_id {body.reference_id!r} name different voices; "
                               "send one of them")
         name = body.reference_id

@@ -178,14 +178,17 @@ def test_openai_speed_stretches_time(oa, speed):
 
 
 def test_openai_voices_by_name_id_and_mapping(oa, http, narrator):
-    def pcm(voice) -> bytes:
+    def pcm(voice, **extra) -> bytes:
         return oa.audio.speech.create(model="tts-1", voice=voice, input="Whose voice is this?",
-                                      response_format="pcm", **OPENAI_FAST).content
+                                      response_format="pcm", extra_body={**FAST, **extra}).content
 
     saved, by_id, mapped, default = pcm("narrator"), pcm({"id": "narrator"}), pcm("nova"), pcm("alloy")
     assert_audible(decode_pcm16(saved), ONE_FRAME_S, 24000)
     assert by_id == saved and mapped == saved  # "nova" is mapped to the saved voice by --openai-voices
     assert default != saved  # "alloy" is unmapped: the model's own voice
+    assert pcm("Narrator", reference_id="narrator") == saved  # one voice, named in two cases
+    with pytest.raises(openai.BadRequestError, match="name different voices"):
+        pcm("narrator", reference_id="someone-else")
 
     voices = http.get("/v1/audio/voices").json()["voices"]
     assert voices[0] == "narrator" and {"alloy", "nova", "shimmer"} <= set(voices)
