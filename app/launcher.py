@@ -78,12 +78,14 @@ def build_parser() -> argparse.ArgumentParser:
     model.add_argument("--device", help="auto, cpu, cuda, cuda:N or mps [S1_MINI_DEVICE; default auto: the GPU if any]")
     model.add_argument(
         "--precision", choices=PRECISIONS,
-        help="weights and activations [S1_MINI_PRECISION; default auto: bf16 on GPUs that have it, fp32 on CPU]",
+        help="weights and activations [S1_MINI_PRECISION; default auto: bf16 on GPUs that have it, else fp16; fp16 on "
+        "Apple MPS; fp32 on CPU]",
     )
     model.add_argument(
         "--compile", action=argparse.BooleanOptionalAction, default=None,
-        help="torch.compile with CUDA graphs; --no-compile runs eager [S1_MINI_COMPILE=on|off|auto; "
-        "default auto: on where Triton and CUDA are present, off on Windows without Triton, CPU and MPS]",
+        help="torch.compile with CUDA graphs; --no-compile runs the model's PyTorch ops uncompiled (on CUDA still "
+        "inside CUDA graphs) [S1_MINI_COMPILE=on|off|auto; default auto: on where Triton and CUDA are present, off "
+        "on Windows without Triton, CPU and MPS]",
     )
     model.add_argument(
         "--quantize", choices=QUANTIZE_MODES,
@@ -92,7 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     model.add_argument(
         "--max-batch-size", type=int, help="sequences decoded at once by continuous batching (KV slots); 0 = auto: 64 "
-        "on CUDA, capped by free memory, 4 elsewhere [S1_MINI_MAX_BATCH_SIZE; default 0]"
+        "on CUDA, 4 elsewhere; on CUDA any value is capped by free memory [S1_MINI_MAX_BATCH_SIZE; default 0]"
     )
     model.add_argument(
         "--max-text-length", type=int,
