@@ -96,8 +96,16 @@ def test_a_serve_config_takes_cors_origins_and_openai_voices_from_its_environmen
         build({"replicas": 1, "gpus_per_replica": 0})
 
 
+def test_drain_seconds_reach_the_engine_replicas_and_the_ingress():
+    # launch.py passes its --drain-seconds; a Serve config its args' drain_s.
+    settings = cluster_settings("2", EngineConfig(device="cpu"), gpus_in_cluster=0, drain_s=7)
+    assert settings.engine_options()["graceful_shutdown_timeout_s"] == 7
+    assert settings.ingress_options()["graceful_shutdown_timeout_s"] == 7
+    assert ClusterSettings.from_args({"drain_s": "2.5"}).engine_options()["graceful_shutdown_timeout_s"] == 2.5
+
+
 @pytest.mark.parametrize("bad", [{"min_replicas": 2}, {"min_replicas": 3, "max_replicas": 2}, {"replicas": 0},
-                                 {"max_ongoing_requests": 0}, {"max_queued_requests": 0}])
+                                 {"max_ongoing_requests": 0}, {"max_queued_requests": 0}, {"drain_s": -1}])
 def test_bad_cluster_settings_say_what_is_wrong(bad):
     with pytest.raises(InputError):
         ClusterSettings(**bad)

@@ -35,6 +35,8 @@ class ClusterSettings:
     (past its slots they wait in its engine's queue): what its engine takes, see `replica_places`.
     Requests the replicas cannot take wait in the ingress for the first replica with room, up to
     `max_queued_requests` (default: `queue_limit`); past that the cluster answers 429 with Retry-After.
+    When Serve stops a replica (shutdown, scaling down, a redeploy), the requests it holds get
+    `drain_s` seconds to finish, as --drain-seconds gives one server's.
     """
 
     replicas: int = 1
@@ -49,6 +51,7 @@ class ClusterSettings:
     ingress_cpus: float = 0  # it relays bytes: no CPU of its own is reserved for it
     health_check_period_s: float = 5
     routing_stats_period_s: float = 1
+    drain_s: float = 10
 
     def __post_init__(self):
         if self.replicas < 1:
@@ -61,6 +64,8 @@ class ClusterSettings:
                              f"{self.min_replicas}-{self.max_replicas}")
         if self.target_ongoing_requests <= 0 or self.max_ongoing_requests < 1 or self.queue_limit < 1:
             raise InputError("target_ongoing_requests, max_ongoing_requests and max_queued_requests must be positive")
+        if not 0 <= self.drain_s <= 3600:
+            raise InputError(f"drain_s must be between 0 and 3600 seconds, got {self.drain_s}")
 
     @property
     def autoscaling(self) -> bool:
@@ -92,8 +97,7 @@ class ClusterSettings:
             # this Retry-After (RemoteEngine), as one server does when its engine's queue is full.
             "backpressure_config": BackpressureConfig(status_code=429, retry_after_s=CLUSTER_FULL_RETRY_S),
             "health_check_period_s": self.health_check_period_s,
-            # Loading and warming a full-size model (with compilation) can take minutes.
-            "graceful_shutdown_timeout_s": 10,
+            "graceful_shutdown_timeout_s": self.drain_s,
             "request_router_config": RequestRouterConfig(
                 request_router_class=VoiceAffinityRouter,
                 request_routing_stats_period_s=self.routing_stats_period_s,
@@ -104,8 +108,10 @@ class ClusterSettings:
     def ingress_options(self) -> dict:
         return {"name": "Ingress", "num_replicas": self.ingress_replicas,
                 "ray_actor_options": {"num_cpus": self.ingress_cpus},
-                # The ingress only relays: it holds every open stream of the cluster at once.
-                "max_ongoing_requests": 4096, "health_check_period_s": self.health_check_period_s}
+                # The ingress only relays: it holds every open stream of the cluster at once, and
+                # relays them while the engine replicas drain.
+                "max_ongoing_requests": 4096, "health_check_period_s": self.health_check_period_s,
+                "graceful_shutdown_timeout_s": self.drain_s}
 
     @classmethod
     def from_args(cls, args: dict) -> "ClusterSettings":

@@ -30,7 +30,7 @@ def parse_replicas(text: str) -> tuple[int | None, int | None]:
     raise ValueError(f"--replicas takes a count (2), a range to autoscale in (1-4) or auto, got {text!r}")
 
 
-def cluster_settings(replicas: str, config, gpus_in_cluster: float):
+def cluster_settings(replicas: str, config, gpus_in_cluster: float, drain_s: float = 10):
     from .application import ClusterSettings, replica_places
 
     low, high = parse_replicas(replicas)
@@ -40,7 +40,8 @@ def cluster_settings(replicas: str, config, gpus_in_cluster: float):
             raise ValueError("--replicas auto starts one replica per GPU, and this cluster has none; "
                              "give a count, e.g. --replicas 2 --device cpu")
         low = high = int(gpus_in_cluster)
-    taken = {"gpus_per_replica": 1 if on_gpu else 0, "max_ongoing_requests": replica_places(config, on_gpu)}
+    taken = {"gpus_per_replica": 1 if on_gpu else 0, "max_ongoing_requests": replica_places(config, on_gpu),
+             "drain_s": drain_s}
     if low == high:
         return ClusterSettings(replicas=low, **taken)
     return ClusterSettings(min_replicas=low, max_replicas=high, **taken)
@@ -67,7 +68,7 @@ def serve_cluster(config, plan, replicas: str, address: str | None) -> int:
         ray.init(include_dashboard=False)
     try:
         try:
-            settings = cluster_settings(replicas, config, ray.cluster_resources().get("GPU", 0))
+            settings = cluster_settings(replicas, config, ray.cluster_resources().get("GPU", 0), plan.drain_s)
         except ValueError as e:
             logger.error("bad setting: {}", e)
             return 2
