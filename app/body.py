@@ -69,7 +69,8 @@ async def read_body(request: Request, model: type[M], body_types: tuple[str, ...
     kind = media_type(request)
     if kind not in body_types and not (kind == FORM and MULTIPART in body_types):
         shown = kind or "none"
-        raise HTTPProblem(415, f"unsupported Content-Type {shown}; send one of {', '.join(body_types)}")
+        accepted = [*body_types, FORM] if MULTIPART in body_types else list(body_types)
+        raise HTTPProblem(415, f"unsupported Content-Type {shown}; send one of {', '.join(accepted)}")
     if kind == JSON:
         data = parse_json(await request.body())
     elif kind == MSGPACK:

@@ -355,7 +355,7 @@ BAD_REQUESTS = [
         "/v1/tts",
         {"content": b"hi", "headers": {"content-type": "text/plain"}},
         415,
-        "Content-Type",
+        "application/x-www-form-urlencoded",  # the accepted types, the plain form among them
     ),
     ("no body", "POST", "/v1/tts", {}, 415, "Content-Type"),
     ("delete naming no voice", "DELETE", "/v1/references/delete", {}, 422, "?reference_id=ID"),
