@@ -57,13 +57,18 @@ def parse_args(argv=None):
     p.add_argument("--runs", type=int, default=3, help="single-stream decode runs (the median is reported)")
     p.add_argument("--requests", type=int, default=10, help="requests per latency kind")
     p.add_argument("--request-frames", type=int, default=215, help="frame budget per latency request (~10 s)")
-    p.add_argument("--compare", action="append", default=[],
-                   help="a second configuration as key=value[,key=value] over the first (e.g. compile=off)")
+    p.add_argument("--compare", action="append", default=[], type=compare_spec,
+                   help="a second configuration as key=value[,key=value] over the first (e.g. compile=off); keys: "
+                   "checkpoint and " + ", ".join(SETTINGS))
     p.add_argument("--skip-startup", action="store_true", help="skip the cold-compile / warm-restart processes")
     p.add_argument("--json", type=Path, help="write results here")
     p.add_argument("--html", type=Path, help="write an HTML report with plots here")
-    p.add_argument("--phase", choices=["startup", "measure"], help=argparse.SUPPRESS)
-    p.add_argument("--cache-dir", help=argparse.SUPPRESS)
+    p.add_argument("--phase", choices=["startup", "measure"],
+                   help="one part in this process, printed as one JSON line (the benchmark runs each part in a "
+                   "process of its own): startup = import, load, compile, first audio, every graph; measure = the "
+                   "in-process measurements")
+    p.add_argument("--cache-dir", help="with --phase startup: the compile cache it starts on (run it twice on one "
+                   "fresh dir: a first start, then a restart)")
     return parse_with_weights(p, argv)
 
 
@@ -97,6 +102,21 @@ def startup_env(pycache_dir: str) -> dict:
 
 
 SETTINGS = ("weights", "device", "precision", "compile", "compile_mode", "quantize", "max_batch_size", "compile_helpers")
+
+
+def compare_spec(spec: str) -> tuple[str, dict]:
+    """--compare's key=value[,key=value] as (the spec, its settings); keys as the options are named,
+    with _ or -. An unknown key is an error: the base configuration would be measured again under
+    the spec's name."""
+    changes = {}
+    for item in spec.split(","):
+        key, sep, value = item.partition("=")
+        key = key.strip().replace("-", "_")
+        if not sep or key not in ("checkpoint", *SETTINGS):
+            raise argparse.ArgumentTypeError(f"{item!r}: expected KEY=VALUE with KEY one of checkpoint, "
+                                             + ", ".join(SETTINGS))
+        changes[key] = value.strip()
+    return spec, changes
 
 
 def _option(key: str) -> str:
@@ -156,8 +176,7 @@ def main(argv=None) -> int:
         print(json.dumps(measure_in_process(base, args)))
         return 0
     configs = [("base", base)]
-    for spec in args.compare:
-        changes = dict(item.split("=", 1) for item in spec.split(","))
+    for spec, changes in args.compare:
         configs.append((spec, {**base, **changes}))
     results = []
     for name, settings in configs:

@@ -53,6 +53,18 @@ def test_a_checkpoint_means_real_weights_and_never_goes_silently_unused():
             benchmark.parse_args(["--weights", weights, "--checkpoint", "somewhere"])
 
 
+def test_a_compared_configuration_names_only_settings_the_benchmark_passes_on():
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import benchmark  # noqa: E402
+
+    args = benchmark.parse_args(["--compare", "max-batch-size=1,compile=off", "--compare", "quantize=int8"])
+    assert args.compare == [("max-batch-size=1,compile=off", {"max_batch_size": "1", "compile": "off"}),
+                            ("quantize=int8", {"quantize": "int8"})]
+    for bad in ("max_batch=1", "compile", "quantize=int8,typo=2"):  # would measure the base again under its name
+        with pytest.raises(SystemExit):
+            benchmark.parse_args(["--compare", bad])
+
+
 def test_each_configuration_is_measured_with_its_own_settings_only():
     sys.path.insert(0, str(ROOT / "scripts"))
     import benchmark  # noqa: E402
