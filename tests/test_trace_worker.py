@@ -41,6 +41,19 @@ def test_an_in_process_load_test_under_the_tracer_leaves_its_worker_spans(tmp_pa
     assert from_packed.returncode == 0 and from_packed.stdout == summary.stdout
 
 
+def test_a_trace_named_gz_is_written_compressed_and_read_back(tmp_path):
+    sys.path.insert(0, str(ROOT / "tools"))
+    import trace_worker
+
+    recorder = trace_worker.Recorder()
+    recorder.spans = [["step", "s1-gpu-worker", 0.5, 0.6, 64, None]]
+    packed = tmp_path / "trace.json.gz"
+    recorder.write(packed)
+    assert json.loads(gzip.decompress(packed.read_bytes())) == recorder.spans
+    with trace_worker.open_trace(packed, "rt") as f:
+        assert json.load(f) == recorder.spans
+
+
 def test_the_summary_finds_bursts_and_their_first_admission_and_longest_prefill():
     sys.path.insert(0, str(ROOT / "tools"))
     import trace_worker

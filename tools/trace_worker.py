@@ -4,7 +4,8 @@ Python's garbage collector timed, and write every span as JSON; or summarise suc
 
     python tools/trace_worker.py --out trace.json launch.py --random-weights --no-ui   # load it, then Ctrl+C
     python tools/trace_worker.py --out trace.json scripts/load_test.py --in-process --levels 64
-    python tools/trace_worker.py --summary trace.json   # per span; per burst of >= 16 requests (.json.gz too)
+    python tools/trace_worker.py --summary trace.json   # per span; per burst of >= 16 requests (--out and
+                                                        # --summary take .json.gz too)
     python tools/trace_worker.py --summary trace.json --window 136.3 150.3   # the spans of one stretch
     python tools/trace_worker.py --gpu-events --out trace.json launch.py ...   # and the GPU's busy time (CUDA)
 
@@ -159,8 +160,14 @@ class Recorder:
     def write(self, path: Path) -> None:
         if self.gpu is not None:
             self.spans += self.gpu.spans()
-        path.write_text(json.dumps(self.spans))
+        with open_trace(path, "wt") as f:
+            json.dump(self.spans, f)
         print(f"trace: {len(self.spans)} spans written to {path}", file=sys.stderr)
+
+
+def open_trace(path: Path, mode: str):
+    """A trace file, gzip-compressed when its name ends in .gz (large traces are kept so)."""
+    return (gzip.open if path.suffix == ".gz" else open)(path, mode)
 
 
 def summarise(spans: list[list]) -> str:
@@ -353,8 +360,7 @@ def main(argv=None) -> int:
     p.add_argument("script_args", nargs=argparse.REMAINDER)
     args = p.parse_args(argv)
     if args.summary:
-        opener = gzip.open if args.summary.suffix == ".gz" else open
-        with opener(args.summary, "rt") as f:
+        with open_trace(args.summary, "rt") as f:
             spans = json.load(f)
         print(summarise(within(spans, *args.window) if args.window else spans))
         return 0
