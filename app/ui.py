@@ -20,6 +20,7 @@ from pathlib import Path
 import gradio as gr
 
 from engine import params as P
+from engine.errors import InputError
 
 from .metrics import Metrics
 from .settings import AppSettings
@@ -207,7 +208,8 @@ def build_ui(synth: SpeechService, settings: AppSettings, metrics: Metrics) -> g
                     download = gr.File(label="Download", interactive=False, visible=False, elem_id="speak-download",
                                        height=80)
                     stats = gr.Markdown(label="Stats", elem_id="speak-stats")
-                gr.Markdown("Ctrl+Enter (⌘+Enter on a Mac) generates from any text box.", elem_classes=["hint"])
+                gr.Markdown("Ctrl+Enter (⌘+Enter on a Mac) in a text box runs its tab's button: here, Generate.",
+                            elem_classes=["hint"])
                 last_entry = gr.State(None)
                 examples = _examples()
                 if examples:
@@ -408,25 +410,36 @@ def build_ui(synth: SpeechService, settings: AppSettings, metrics: Metrics) -> g
         # stays playable, nothing goes to the history. (Gradio's own cancelling can leave an error
         # mark on the audio.) Pages are told apart by their session.
         stop_asked: set[str] = set()
+        speaking: set[str] = set()  # pages with a run in progress
 
         def speak_in_page(session: str, *args):
-            """The download box appears with the first file."""
+            """The download box appears with the run's file. The last run's file goes when this run's
+            audio starts to play, not before: a text refused at once leaves the last audio and file."""
             try:
                 with contextlib.closing(h.speak_stream(*args)) as chunks:
-                    for played, file, shown, entry in chunks:
+                    for i, (played, file, shown, entry) in enumerate(chunks):
                         if session in stop_asked:
                             yield gr.skip(), gr.skip(), "Stopped.", gr.skip()
                             return
-                        yield played, gr.File(value=file, visible=True) if isinstance(file, str) else file, shown, entry
+                        if isinstance(file, str):
+                            file = gr.File(value=file, visible=True)
+                        elif i == 0:
+                            file = gr.File(value=None, visible=False)
+                        yield played, file, shown, entry
             finally:
                 stop_asked.discard(session)
 
         def busy(request: gr.Request):
             stop_asked.discard(request.session_hash)  # a Stop that came after the last run ended is not for this one
-            return gr.Button("Generating…", interactive=False), gr.Button("Stop", visible=True, interactive=True)
+            speaking.add(request.session_hash)
+            # Regenerate would start a second run beside this one, which Stop could then not reach.
+            return (gr.Button("Generating…", interactive=False), gr.Button("Stop", visible=True, interactive=True),
+                    gr.Button(interactive=False))
 
-        def idle():
-            return gr.Button("Generate", interactive=True), gr.Button(visible=False)
+        def idle(picked_entry, request: gr.Request):
+            speaking.discard(request.session_hash)
+            return gr.Button("Generate", interactive=True), gr.Button(visible=False), gr.Button(
+                interactive=picked_entry is not None)
 
         def ask_to_stop(request: gr.Request):
             stop_asked.add(request.session_hash)
@@ -441,13 +454,13 @@ def build_ui(synth: SpeechService, settings: AppSettings, metrics: Metrics) -> g
             """trigger_event(fn, inputs, outputs, **kw) starts the run: Generate's click, or the end of
             Regenerate's checks."""
             return trigger_event(
-                busy, None, [generate, stop], queue=False, api_visibility="private", show_progress="hidden",
+                busy, None, [generate, stop, regenerate], queue=False, api_visibility="private", show_progress="hidden",
             ).then(
                 speak_for_page, speak_inputs, [*speak_outputs, speak_error],
                 api_visibility="private", show_progress_on=[audio], **engine_slot,
             ).then(remember, [history, last_entry], [history, history_table], api_visibility="private",
-                   show_progress="hidden").then(idle, None, [generate, stop], api_visibility="private",
-                                                show_progress="hidden")
+                   show_progress="hidden").then(idle, history_pick, [generate, stop, regenerate],
+                                                api_visibility="private", show_progress="hidden")
 
         speak_in_ui(generate.click)
         api_trigger.click(api(h.speak, "speak"), speak_inputs, [download, stats], api_name="speak", **engine_slot)
@@ -493,8 +506,10 @@ def build_ui(synth: SpeechService, settings: AppSettings, metrics: Metrics) -> g
         # Regenerate: check the entry (why not, next to the table), keep the Advanced settings, put the
         # entry's text, voice, format and settings in Speak and run it, then give the settings back:
         # its seed must not stay for the next texts.
-        def check_regeneration(entries, entry_id, clip, transcript, *settings):
+        def check_regeneration(request: gr.Request, entries, entry_id, clip, transcript, *settings):
             try:
+                if request.session_hash in speaking:  # a row picked while a run goes on enables the button
+                    raise InputError("a text is being spoken: wait for it, or Stop it in Speak, then regenerate")
                 entry = h.regeneration(entries, entry_id, clip, transcript)
             except Exception as e:  # noqa: BLE001 - shown next to the table, as every UI error
                 return None, list(settings), error_box(str(e))

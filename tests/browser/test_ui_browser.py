@@ -328,6 +328,11 @@ def test_a_seed_out_of_range_is_refused_next_to_generate(page):
 
 def test_generate_says_it_is_busy_and_takes_no_second_click_meanwhile(page):
     quick_settings(page)
+    speak(page, "A short first text.")
+    open_tab(page, "History")
+    cell(page, "history-table", 0, 1).click()
+    regenerate = page.locator("#regenerate")
+    expect(regenerate).to_be_enabled(timeout=10_000)
     open_tab(page, "Advanced settings")
     set_number(page, "set-max_new_tokens", 400)  # a run long enough to look at
     open_tab(page, "Speak")
@@ -336,9 +341,11 @@ def test_generate_says_it_is_busy_and_takes_no_second_click_meanwhile(page):
     button = page.locator("#generate")
     expect(button).to_be_disabled(timeout=10_000)
     expect(button).to_have_text("Generating…")
+    expect(regenerate).to_be_disabled()  # a second run beside this one would be out of Stop's reach
     wait_stats(page)
     expect(button).to_be_enabled(timeout=30_000)
     expect(button).to_have_text("Generate")
+    expect(regenerate).to_be_enabled()  # its row is still picked
     assert_no_toast_or_error_pill(page)
 
 
@@ -349,6 +356,8 @@ def running_requests(server) -> float:
 
 def test_stop_ends_a_run_and_frees_the_engine(page, server):
     quick_settings(page, seed=1)
+    speak(page, "An earlier text, whose file must not pass for the stopped run's.")
+    expect(page.locator("#speak-download")).to_be_visible()
     open_tab(page, "Advanced settings")
     set_number(page, "set-max_new_tokens", 2000)
     open_tab(page, "Speak")
@@ -361,11 +370,18 @@ def test_stop_ends_a_run_and_frees_the_engine(page, server):
     expect(stop).to_be_visible(timeout=10_000)
     page.wait_for_function("() => document.querySelector('#speak-audio audio')", timeout=GENERATION_TIMEOUT_MS)
     assert running_requests(server) == 1
+    open_tab(page, "History")  # picking a row meanwhile enables Regenerate, which refuses to start a second run
+    cell(page, "history-table", 0, 1).click()
+    page.click("#regenerate")
+    assert "A text is being spoken" in error_text(page, "history-error")
+    assert running_requests(server) == 1
+    open_tab(page, "Speak")
     stop.click()
     expect(page.locator("#generate")).to_be_enabled(timeout=10_000)
     expect(page.locator("#generate")).to_have_text("Generate")
     expect(stop).to_be_hidden()
     assert page.locator("#speak-stats").inner_text().strip() == "Stopped."
+    expect(page.locator("#speak-download")).to_be_hidden()  # the earlier file went when this run's audio began
     deadline = time.monotonic() + 30
     while running_requests(server) and time.monotonic() < deadline:
         time.sleep(0.2)
