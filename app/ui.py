@@ -335,7 +335,7 @@ def build_ui(synth: SpeechService, settings: AppSettings, metrics: Metrics) -> g
         def save_in_ui(name, clip, transcript, speak_value, batch_value):
             status = h.save_voice(name, clip, transcript)
             name = name.strip()
-            return status, *voice_updates(name, batch_value, name)
+            return f"{status} Speak now uses it.", *voice_updates(name, batch_value, name)  # the page's Speak alone
 
         def rename_in_ui(old, new, speak_value, batch_value):
             status = h.rename_voice(old, new)

@@ -200,7 +200,7 @@ class Handlers:
             raise InputError("give the voice a name")
         reference = self._reference(reference_audio, reference_text, for_saving=True)
         self.voices.add(name, reference.audio, reference.text)
-        return f"Saved voice **{name}**; Speak now uses it."
+        return f"Saved voice **{name}**."
 
     def rename_voice(self, old: str | None, new: str | None = None) -> str:
         """Renames a saved voice."""

@@ -158,7 +158,8 @@ def test_preview_voice(client, clip):
 
 
 def test_saved_voices_are_shared_with_the_rest_api(client, server, clip):
-    assert "ui voice" in client.predict("ui voice", handle_file(clip), "a gliding tone", api_name="/save_voice")
+    status = client.predict("ui voice", handle_file(clip), "a gliding tone", api_name="/save_voice")
+    assert "ui voice" in status and "Speak" not in status  # no page's Speak tab switched for an API caller
     rest = httpx.get(f"{server.url}/v1/references/list", params={"format": "json"}).json()["reference_ids"]
     assert "ui voice" in rest
     assert ["ui voice", "a gliding tone"] in client.predict(api_name="/list_voices")

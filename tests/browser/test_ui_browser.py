@@ -517,6 +517,7 @@ def test_clone_save_then_speak_in_the_saved_voice(page, clips, server):
     playable(page, "preview-audio", GENERATION_TIMEOUT_MS)
     page.click("#save-voice")
     page.locator("#save-status").get_by_text("Saved voice narrator").wait_for(timeout=30_000)
+    assert "Speak now uses it" in page.locator("#save-status").inner_text()
     assert page.locator("#save-error").is_hidden()
     # The manager shows the saved clip; Speak now uses the new voice and says so.
     wait_text(page, "#saved-voices", "narrator")
