@@ -13,6 +13,8 @@ from .route_table import api_routes
 from .metrics import Metrics
 
 API_PREFIX = "/v1/"
+# Paths whose bodies BodySizeLimit counts: the REST API's and SageMaker's inference route.
+_LIMITED_PREFIXES = (API_PREFIX, "/invocations")
 # Low-cardinality route labels: only our own routes are counted, not Gradio's polling.
 _COUNTED_PREFIXES = (API_PREFIX, "/health", "/ready", "/metrics")
 
@@ -57,7 +59,7 @@ class BodySizeLimit:
         self.max_bytes = max_bytes
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] != "http" or not scope["path"].startswith(API_PREFIX):
+        if scope["type"] != "http" or not scope["path"].startswith(_LIMITED_PREFIXES):
             await self.app(scope, receive, send)
             return
         problem = Problem(413, f"the request body is over {self.max_bytes // 2**20} MB; send shorter audio")

@@ -454,15 +454,16 @@ def test_bad_input_gets_a_4xx_with_a_clear_message(http, what, method, path, kwa
     assert "Traceback" not in r.text
 
 
-def test_oversized_body_is_refused_with_413(http):
-    r = http.post("/v1/tts", content=b"{" + b" " * (64 * 2**20 + 1), headers={"content-type": "application/json"})
+@pytest.mark.parametrize("path", ["/v1/tts", "/invocations"])  # SageMaker's route takes /v1/tts's body
+def test_oversized_body_is_refused_with_413(http, path):
+    r = http.post(path, content=b"{" + b" " * (64 * 2**20 + 1), headers={"content-type": "application/json"})
     assert r.status_code == 413 and "64 MB" in error_message(r)
 
     def chunked():  # no Content-Length: counted as it arrives
         for _ in range(65):
             yield b" " * 2**20
 
-    r = http.post("/v1/tts", content=chunked(), headers={"content-type": "application/json"})
+    r = http.post(path, content=chunked(), headers={"content-type": "application/json"})
     assert r.status_code == 413 and "64 MB" in error_message(r)
 
 
