@@ -121,6 +121,11 @@ class VoiceStore:
         check_voice_id(voice_id)
         if not isinstance(transcript, str) or not transcript.strip():
             raise InputError("the transcript is empty; type exactly what is said in the reference clip")
+        try:
+            transcript.encode("utf-8")  # what its file holds
+        except UnicodeEncodeError:
+            raise InputError("the transcript holds a character that is not text (an unpaired surrogate, as a lone "
+                             "\\ud800 escape in JSON makes); send the words as plain Unicode text") from None
         samples = load_audio(audio_source, max_seconds=self._max_seconds)
         if self._check_voice is not None:
             self._check_voice(samples, transcript.strip())

@@ -303,6 +303,12 @@ def test_empty_transcript(store, clips):
         store.add("Alice", clips.wav(), "  \n ")
 
 
+def test_a_transcript_that_is_not_text_is_refused_and_saves_nothing(store, clips):
+    with pytest.raises(InputError, match="not text"):
+        store.add("Alice", clips.wav(), "a\ud800b")  # a lone surrogate, as JSON's "\ud800" decodes
+    assert store.list() == []
+
+
 def test_bad_audio_saves_nothing(store):
     with pytest.raises(InputError, match="is silent"):
         store.add("quiet", (SAMPLE_RATE, np.zeros(SAMPLE_RATE, dtype=np.int16)), "text")
