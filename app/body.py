@@ -29,12 +29,20 @@ def media_type(request: Request) -> str:
     return request.headers.get("content-type", "").split(";")[0].strip().lower()
 
 
+# A body with thousands of bad values would otherwise get an answer megabytes long.
+SHOWN_ERRORS = 10
+
+
 def describe(errors) -> str:
-    """`temperature: Input should be less than or equal to 1` rather than pydantic's dump."""
+    """`temperature: Input should be less than or equal to 1` rather than pydantic's dump; the first
+    SHOWN_ERRORS of them, and how many more there are."""
+    errors = list(errors)
     parts = []
-    for item in errors:
+    for item in errors[:SHOWN_ERRORS]:
         where = ".".join(str(p) for p in item.get("loc", ()) if p != "body") or "body"
         parts.append(f"{where}: {item.get('msg', 'invalid')}")
+    if len(errors) > SHOWN_ERRORS:
+        parts.append(f"and {len(errors) - SHOWN_ERRORS} more errors")
     return "; ".join(parts) or "invalid request"
 
 

@@ -454,6 +454,14 @@ def test_bad_input_gets_a_4xx_with_a_clear_message(http, what, method, path, kwa
     assert "Traceback" not in r.text
 
 
+def test_thousands_of_bad_values_get_a_short_answer(http):
+    codes = [[["a"] * 200] * 10] * 16  # 32,000 values that are not codes
+    r = http.post("/v1/vqgan/decode?format=json", json={"tokens": codes})
+    assert r.status_code == 422
+    message = error_message(r)
+    assert message.count("tokens.") == 10 and "and 31990 more errors" in message and len(r.content) < 4000
+
+
 @pytest.mark.parametrize("path", ["/v1/tts", "/invocations"])  # SageMaker's route takes /v1/tts's body
 def test_oversized_body_is_refused_with_413(http, path):
     r = http.post(path, content=b"{" + b" " * (64 * 2**20 + 1), headers={"content-type": "application/json"})
