@@ -18,15 +18,18 @@ def build_router(engine, metrics: Metrics, guard, replicas=None) -> APIRouter:
     router = APIRouter(tags=["system"])
 
     # Open to everyone, as load balancers and RunPod's proxy probe it without a key;
-    # /v1/health is the reference server's path for the same answer.
+    # /v1/health is the reference server's path for the same answer. HEAD wherever GET is: probes
+    # such as `curl -I` send it.
     @router.get("/health", summary="The process is alive", operation_id="health")
     @router.post("/health", summary="The process is alive", operation_id="health_post")
-    @router.api_route("/v1/health", methods=["GET", "POST"], include_in_schema=False)
+    @router.api_route("/health", methods=["HEAD"], include_in_schema=False)
+    @router.api_route("/v1/health", methods=["GET", "POST", "HEAD"], include_in_schema=False)
     async def health():
         return {"status": "ok"}
 
     @router.get("/ready", summary="The model is loaded and warm", dependencies=[Depends(guard)],
                 responses=error_responses(503))
+    @router.api_route("/ready", methods=["HEAD"], dependencies=[Depends(guard)], include_in_schema=False)
     async def ready():
         if engine.is_ready:
             # Sequences that can run at once now, and once the larger batches' graphs are captured.
@@ -40,6 +43,7 @@ def build_router(engine, metrics: Metrics, guard, replicas=None) -> APIRouter:
 
     @router.get("/metrics", summary="Prometheus metrics", dependencies=[Depends(guard)],
                 response_class=PlainTextResponse)
+    @router.api_route("/metrics", methods=["HEAD"], dependencies=[Depends(guard)], include_in_schema=False)
     async def prometheus():
         body, content_type = metrics.render(engine)  # counters and engine.stats(): no I/O
         return Response(body, media_type=content_type)

@@ -61,6 +61,12 @@ def test_health(http, path):
     assert r.status_code == 200 and r.json() == {"status": "ok"}
 
 
+@pytest.mark.parametrize("path", ["/health", "/v1/health", "/ready", "/metrics"])
+def test_probes_may_send_head(http, path):  # curl -I, some load balancers
+    r = http.head(path)
+    assert r.status_code == 200 and r.content == b""
+
+
 def test_ready_after_warmup(http):
     r = http.get("/ready")
     # Eager on a CPU: no graphs to capture, every slot can run at once from the start.

@@ -96,7 +96,7 @@ def test_a_number_is_not_a_boolean(http):
 @pytest.mark.parametrize(
     "method, path, allow",
     [("PUT", "/v1/tts", "POST"), ("GET", "/v1/tts", "POST"), ("HEAD", "/v1/audio/speech", "POST"),
-     ("OPTIONS", "/v1/references/list", "GET"), ("POST", "/ready", "GET"), ("DELETE", "/metrics", "GET")],
+     ("OPTIONS", "/v1/references/list", "GET"), ("POST", "/ready", "GET, HEAD"), ("DELETE", "/metrics", "GET, HEAD")],
 )
 def test_wrong_method_is_a_405_with_allow(http, method, path, allow):
     r = http.request(method, path)
