@@ -53,6 +53,8 @@ class ReferenceAudio(BaseModel):
 
 def _range(bounds, description: str, **extra):
     low, high = bounds
+    if isinstance(low, float):  # NaN fails every bound check, and was refused as "should be <= high"
+        extra["allow_inf_nan"] = False
     return Field(ge=low, le=high, description=f"{description} ({low}..{high})", **extra)
 
 

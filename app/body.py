@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from typing import TypeVar
 
 import ormsgpack
@@ -68,6 +69,8 @@ def parse_json(raw: bytes):
     try:
         return json.loads(raw or b"null")
     except ValueError as e:
+        if "integer string conversion" in str(e):  # Python's own limit, worded for programmers
+            raise invalid_json(f"a number in it has more than {sys.get_int_max_str_digits()} digits") from None
         raise invalid_json(str(e)) from None
     except RecursionError:  # the parser recurses per level: thousands of [ or { exhaust the stack
         raise invalid_json("it is nested too deeply") from None
@@ -100,8 +103,9 @@ async def read_upload(upload) -> bytes:
 async def _form_fields(request: Request) -> dict:
     try:
         form = await request.form()
-    except Exception as e:  # malformed multipart: the parser's message is the useful part
-        raise HTTPProblem(400, f"the multipart body could not be read: {e}") from None
+    except Exception as e:  # a malformed form: the parser's message is the useful part
+        reason = getattr(e, "detail", None) or e  # Starlette's HTTPException prints its status first
+        raise HTTPProblem(400, f"the form body could not be read: {reason}") from None
     data = {
         k: await read_upload(v) if isinstance(v, UploadFile) else v
         for k, v in form.items()
