@@ -450,17 +450,19 @@ def build_ui(synth: SpeechService, settings: AppSettings, metrics: Metrics) -> g
         def speak_for_page(request: gr.Request, *args):  # Gradio passes the request where it is declared
             yield from speak_with_errors(request.session_hash, *args)
 
-        def speak_in_ui(trigger_event):
+        def speak_in_ui(trigger_event, before_idle=lambda run: run):
             """trigger_event(fn, inputs, outputs, **kw) starts the run: Generate's click, or the end of
-            Regenerate's checks."""
-            return trigger_event(
+            Regenerate's checks. before_idle(run) chains what must be done before the buttons take
+            clicks again (Regenerate gives the settings back: a click sooner would take the run's)."""
+            run = trigger_event(
                 busy, None, [generate, stop, regenerate], queue=False, api_visibility="private", show_progress="hidden",
             ).then(
                 speak_for_page, speak_inputs, [*speak_outputs, speak_error],
                 api_visibility="private", show_progress_on=[audio], **engine_slot,
             ).then(remember, [history, last_entry], [history, history_table], api_visibility="private",
-                   show_progress="hidden").then(idle, history_pick, [generate, stop, regenerate],
-                                                api_visibility="private", show_progress="hidden")
+                   show_progress="hidden")
+            before_idle(run).then(idle, history_pick, [generate, stop, regenerate], api_visibility="private",
+                                  show_progress="hidden")
 
         speak_in_ui(generate.click)
         api_trigger.click(api(h.speak, "speak"), speak_inputs, [download, stats], api_name="speak", **engine_slot)
@@ -537,8 +539,10 @@ def build_ui(synth: SpeechService, settings: AppSettings, metrics: Metrics) -> g
             ).success(
                 restore, regenerating, [text, voice, output_format, *sampling, tabs],
                 api_visibility="private", show_progress="hidden",
-            ).success(fn, inputs, outputs, **kw)
-        ).then(settings_back, settings_before, sampling, api_visibility="private", show_progress="hidden")
+            ).success(fn, inputs, outputs, **kw),
+            before_idle=lambda run: run.then(settings_back, settings_before, sampling, api_visibility="private",
+                                             show_progress="hidden"),
+        )
         stop.click(ask_to_stop, None, stop, queue=False, api_visibility="private", show_progress="hidden")
 
         def forget():
