@@ -20,7 +20,6 @@ from pathlib import Path
 import gradio as gr
 
 from engine import params as P
-from engine.errors import InputError
 
 from .metrics import Metrics
 from .settings import AppSettings
@@ -509,9 +508,10 @@ def build_ui(synth: SpeechService, settings: AppSettings, metrics: Metrics) -> g
         # entry's text, voice, format and settings in Speak and run it, then give the settings back:
         # its seed must not stay for the next texts.
         def check_regeneration(request: gr.Request, entries, entry_id, clip, transcript, *settings):
+            if request.session_hash in speaking:  # a row picked while a run goes on enables the button
+                return None, list(settings), error_box("a text is being spoken: wait for it, or Stop it in Speak, "
+                                                       "then regenerate")
             try:
-                if request.session_hash in speaking:  # a row picked while a run goes on enables the button
-                    raise InputError("a text is being spoken: wait for it, or Stop it in Speak, then regenerate")
                 entry = h.regeneration(entries, entry_id, clip, transcript)
             except Exception as e:  # noqa: BLE001 - shown next to the table, as every UI error
                 return None, list(settings), error_box(str(e))
