@@ -59,7 +59,7 @@ def parse_args(argv=None):
     p.add_argument("--request-frames", type=int, default=215, help="frame budget per latency request (~10 s)")
     p.add_argument("--compare", action="append", default=[], type=compare_spec,
                    help="a second configuration as key=value[,key=value] over the first (e.g. compile=off); keys: "
-                   "checkpoint and " + ", ".join(SETTINGS))
+                   + ", ".join(COMPARE_KEYS))
     p.add_argument("--skip-startup", action="store_true", help="skip the cold-compile / warm-restart processes")
     p.add_argument("--json", type=Path, help="write results here")
     p.add_argument("--html", type=Path, help="write an HTML report with plots here")
@@ -102,6 +102,7 @@ def startup_env(pycache_dir: str) -> dict:
 
 
 SETTINGS = ("weights", "device", "precision", "compile", "compile_mode", "quantize", "max_batch_size", "compile_helpers")
+COMPARE_KEYS = ("checkpoint", *SETTINGS)  # what a compared configuration may change (settings_to_argv passes on)
 
 
 def compare_spec(spec: str) -> tuple[str, dict]:
@@ -112,9 +113,8 @@ def compare_spec(spec: str) -> tuple[str, dict]:
     for item in spec.split(","):
         key, sep, value = item.partition("=")
         key = key.strip().replace("-", "_")
-        if not sep or key not in ("checkpoint", *SETTINGS):
-            raise argparse.ArgumentTypeError(f"{item!r}: expected KEY=VALUE with KEY one of checkpoint, "
-                                             + ", ".join(SETTINGS))
+        if not sep or key not in COMPARE_KEYS:
+            raise argparse.ArgumentTypeError(f"{item!r}: expected KEY=VALUE with KEY one of " + ", ".join(COMPARE_KEYS))
         changes[key] = value.strip()
     return spec, changes
 
