@@ -21,14 +21,12 @@ from engine.params import SamplingParams
 AudioFormat = Literal["wav", "pcm", "mp3", "flac", "opus", "aac"]
 AUDIO_FORMATS: tuple[str, ...] = AudioFormat.__args__
 
-# The reference treats a str audio longer than 255 characters as base64 (JSON cannot carry bytes).
-_BASE64_MIN_LENGTH = 256
-
 
 def _audio_bytes(value):
+    # The reference reads a str of at most 255 characters as a file path on the server; here a str is
+    # always the file's bytes in base64 (JSON cannot carry bytes), so an empty or short clip reaches the
+    # audio checks and gets the answer a multipart upload of the same file gets.
     if isinstance(value, str):
-        if len(value) < _BASE64_MIN_LENGTH:
-            raise ValueError("reference audio must be the file's bytes (base64-encoded in JSON)")
         try:
             return pybase64.b64decode(value, validate=True)  # SIMD: ~60x the standard library's (a 10 s clip: 3 ms)
         except (binascii.Error, ValueError):
@@ -36,7 +34,8 @@ def _audio_bytes(value):
         try:  # what pybase64 refuses and the standard library accepts (extra trailing padding) stays accepted
             return base64.b64decode(value, validate=True)
         except (binascii.Error, ValueError):
-            raise ValueError("reference audio is not valid base64") from None
+            raise ValueError("reference audio is not valid base64: send the audio file's bytes base64-encoded "
+                             "(a file path or URL is not read)") from None
     return value
 
 
@@ -146,10 +145,11 @@ class SpeechRequest(SamplingFields):
 
     model: str = Field(default="s1-mini", description="A model id from GET /v1/models.")
     input: str = Field(description="Text to speak.")
-    voice: str | VoiceId = Field(
+    voice: str | VoiceId | None = Field(
         default="default",
         description="A saved voice id, {\"id\": saved voice id}, or an OpenAI voice name (the voice it is mapped "
-        "to with --openai-voices, else the model's own voice).",
+        "to with --openai-voices, else the model's own voice). Null or \"\" means \"default\", as an empty "
+        "reference_id does on /v1/tts.",
     )
     instructions: str | None = Field(
         default=None,

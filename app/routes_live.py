@@ -63,6 +63,12 @@ def split_complete(buffer: str, chunk_length: int) -> tuple[str, str]:
 def build_router(synth: SpeechService, guard: ApiKeyGuard) -> APIRouter:
     router = APIRouter(prefix="/v1", tags=["speech"])
 
+    @router.get("/tts/live", include_in_schema=False)
+    async def live_over_http():
+        # A client that forgot the upgrade would otherwise get 404, which reads like a wrong base URL.
+        raise HTTPProblem(426, "/v1/tts/live is a WebSocket: connect with ws:// (wss:// behind TLS), as Fish Audio's "
+                          "SDK does with its TTS live session", {"Upgrade": "websocket", "Connection": "Upgrade"})
+
     @router.websocket("/tts/live")
     async def live(ws: WebSocket):
         try:

@@ -49,7 +49,7 @@ def _model_card(model_id: str) -> dict:
 def resolve_voice(store, mapping: dict[str, str], body: SpeechRequest) -> Voice:
     """The voice a request names. Inline references go with an OpenAI voice name (which clients must
     send) or none; with a saved voice they would contradict it, so that is refused."""
-    name = body.voice.id if isinstance(body.voice, VoiceId) else body.voice
+    name = (body.voice.id if isinstance(body.voice, VoiceId) else body.voice) or "default"
     if body.reference_id:
         if name.lower() not in OPENAI_VOICE_NAMES and name.casefold() not in ("default", body.reference_id.casefold()):
             raise HTTPProblem(400, f"voice {name!r} and reference_id {body.reference_id!r} name different voices; "

@@ -26,6 +26,8 @@ from tests.test_app_support import (
     reference_clip_wav,
 )
 
+EMPTY_WAV = reference_clip_wav(seconds=0.0)  # a header and no samples
+
 # Long enough for several text chunks at chunk_length 100, so a stream is written in several pieces.
 LONG_TEXT = (
     "The first sentence is here to fill the opening chunk of this request with words. "
@@ -244,6 +246,16 @@ def test_openai_speech_streams_wav(http):
     assert_audio(data)
 
 
+def test_openai_speech_voice_null_or_empty_is_the_default_voice(http):
+    def pcm(**voice) -> bytes:
+        r = http.post("/v1/audio/speech", json={"input": "Which voice?", "response_format": "pcm", **voice, **FAST})
+        assert r.status_code == 200, r.text
+        return r.content
+
+    left_out = pcm()
+    assert len(left_out) > 0 and pcm(voice=None) == left_out and pcm(voice="") == left_out == pcm(voice="default")
+
+
 def test_openai_errors_use_openai_shape(http):
     r = http.post("/v1/audio/speech", json={"input": "hi", "voice": "nobody-saved-this"})
     assert r.status_code == 404
@@ -405,6 +417,31 @@ BAD_REQUESTS = [
         400,
         "audio",
     ),
+    (  # the same answer as the multipart upload of that file below
+        "reference an empty WAV in JSON",
+        "POST",
+        "/v1/tts",
+        {"json": {"text": "hi", "references": [{"audio": base64.b64encode(EMPTY_WAV).decode(), "text": "t"}]}},
+        400,
+        "holds no audio samples",
+    ),
+    (
+        "reference an empty WAV in multipart",
+        "POST",
+        "/v1/tts",
+        {"data": {"text": "hi", "reference_text": "t"}, "files": {"reference_audio": ("r.wav", EMPTY_WAV, "audio/wav")}},
+        400,
+        "holds no audio samples",
+    ),
+    (
+        "reference a file path",
+        "POST",
+        "/v1/tts",
+        {"json": {"text": "hi", "references": [{"audio": "voices/me.wav", "text": "t"}]}},
+        422,
+        "a file path or URL is not read",
+    ),
+    ("live route over plain HTTP", "GET", "/v1/tts/live", {}, 426, "is a WebSocket"),
     (
         "reference without transcript",
         "POST",
