@@ -72,3 +72,11 @@ def test_the_fused_head_takes_the_plain_ops_off_the_gpu():
     torch.manual_seed(0)
     norm, weight, x = RMSNorm(32, 1e-6), torch.randn(10, 32), torch.randn(1, 1, 32)
     assert torch.equal(fused_norm_then_linear(norm, weight, x), norm_then_linear(norm, weight, x))
+    calls = []
+
+    def compiled_head(*args):  # the compiled step passes its compiled head here
+        calls.append(args)
+        return norm_then_linear(*args)
+
+    assert torch.equal(fused_norm_then_linear(norm, weight, x, compiled_head), norm_then_linear(norm, weight, x))
+    assert len(calls) == 1

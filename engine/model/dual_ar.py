@@ -275,13 +275,13 @@ def norm_then_linear(norm: RMSNorm, weight: Tensor, x: Tensor) -> Tensor:
     return F.linear(norm(x), weight)
 
 
-def fused_norm_then_linear(norm: RMSNorm, weight: Tensor, x: Tensor) -> Tensor:
-    """norm_then_linear as one fused_linear kernel for a lone row (the batch-1 step's heads run
-    between its compiled regions, where the norm alone is seven eager kernels); other inputs
-    take the plain ops."""
+def fused_norm_then_linear(norm: RMSNorm, weight: Tensor, x: Tensor, otherwise=norm_then_linear) -> Tensor:
+    """norm_then_linear as one fused_linear kernel for a lone row (the step's heads run between its
+    compiled regions, where the norm alone is seven eager kernels); other inputs go to `otherwise`
+    (a compiled norm_then_linear in the compiled step)."""
     if projection_kernel is None or x.numel() != x.shape[-1] or not x.is_cuda \
             or not _plain(weight) or weight.dtype != x.dtype:
-        return norm_then_linear(norm, weight, x)
+        return otherwise(norm, weight, x)
     logits = projection_kernel.fused_linear(x.reshape(1, -1), weight, None, norm.weight, None, norm.eps, False)
     return logits.view(*x.shape[:-1], -1)
 

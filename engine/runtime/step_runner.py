@@ -10,6 +10,7 @@ smallest bucket holding every live position.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 
 import torch
@@ -19,7 +20,8 @@ from torch.nn.attention import sdpa_kernel
 
 from ..compilation import CompilePolicy, raise_recompile_limit
 from ..compiled_regions import Mark, compile_region
-from ..model.dual_ar import DualARTransformer, KVView, call_block, embed_and_rotation, fused_norm_then_linear
+from ..model.dual_ar import (DualARTransformer, KVView, call_block, embed_and_rotation, fused_norm_then_linear,
+                              norm_then_linear)
 from ..model.layers import PLAN_FREE_ATTENTION
 from .cuda_graphs import capture
 from .decode_step import DecodeState, decode_step, record_frame
@@ -77,6 +79,10 @@ def _slow_block(layer, x, rope, kv):
 
 def _fast_block(layer, x, rope, kv, kv_only=False):
     return layer(x, rope, kv, kv_only)
+
+
+def _head(norm, weight, x):
+    return norm_then_linear(norm, weight, x)
 
 
 def _prefill_block(layer, x, rope, kv):
@@ -156,13 +162,15 @@ class StepRunner:
             def compiled(fn):
                 return compile_region(fn, backend, _mark_leading_dims)
 
+            # The heads run between the blocks' regions: uncompiled, a head's norm is seven eager kernels.
+            head = compiled(_head)
             ops = StepOps(compiled(_slow_block), compiled(_fast_block), compiled(sample_first_code),
-                          compiled(sample_and_embed), embed=compiled(embed_and_rotation), record=compiled(record_frame),
-                          sampling_inputs=compiled(sampling_inputs))
+                          compiled(sample_and_embed), head=head, embed=compiled(embed_and_rotation),
+                          record=compiled(record_frame), sampling_inputs=compiled(sampling_inputs))
             if self.policy.fused_projections:
                 fused = self.model.use_fused_projections()
-                if fused:
-                    ops = dataclasses.replace(ops, head=fused_norm_then_linear)
+                if fused:  # a lone row's heads as one fused kernel each, several rows' compiled
+                    ops = dataclasses.replace(ops, head=functools.partial(fused_norm_then_linear, otherwise=head))
                 logger.info("decode projections: {}", "fused Triton kernels" if fused else "compiled matmuls "
                             "(fused kernels need Triton and plain or int8 weights)")
             attention = self.model.use_decode_kernels()
