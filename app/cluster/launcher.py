@@ -30,7 +30,8 @@ def parse_replicas(text: str) -> tuple[int | None, int | None]:
     raise ValueError(f"--replicas takes a count (2), a range to autoscale in (1-4) or auto, got {text!r}")
 
 
-def cluster_settings(replicas: str, config, gpus_in_cluster: float, drain_s: float = 10):
+def cluster_settings(replicas: str, config, gpus_in_cluster: float, drain_s: float | None = None):
+    """The Serve settings of --replicas; drain_s None keeps ClusterSettings' own."""
     from .application import ClusterSettings, replica_places
 
     low, high = parse_replicas(replicas)
@@ -40,8 +41,9 @@ def cluster_settings(replicas: str, config, gpus_in_cluster: float, drain_s: flo
             raise ValueError("--replicas auto starts one replica per GPU, and this cluster has none; "
                              "give a count, e.g. --replicas 2 --device cpu")
         low = high = int(gpus_in_cluster)
-    taken = {"gpus_per_replica": 1 if on_gpu else 0, "max_ongoing_requests": replica_places(config, on_gpu),
-             "drain_s": drain_s}
+    taken = {"gpus_per_replica": 1 if on_gpu else 0, "max_ongoing_requests": replica_places(config, on_gpu)}
+    if drain_s is not None:
+        taken["drain_s"] = drain_s
     if low == high:
         return ClusterSettings(replicas=low, **taken)
     return ClusterSettings(min_replicas=low, max_replicas=high, **taken)
