@@ -21,6 +21,7 @@ from engine.audio import encode_audio, load_audio, to_int16
 from engine.errors import InputError
 from engine.facade import ReferenceInput, SynthesisResult
 from engine.params import SamplingParams
+from engine.voice_store import is_windows_device_name
 
 from .batch_input import batch_texts
 from .clip_check import MIN_VOICE_SECONDS, check_clip
@@ -118,7 +119,8 @@ def shortened(text: str, limit: int = 80) -> str:
 
 
 def _safe_name(text: str, limit: int = 32) -> str:
-    return re.sub(r"[^A-Za-z0-9]+", "_", text).strip("_")[:limit] or "audio"
+    name = re.sub(r"[^A-Za-z0-9]+", "_", text).strip("_")[:limit] or "audio"
+    return f"{name}_" if is_windows_device_name(name) else name  # "Con.wav" would open the console there
 
 
 def voice_label(voice: str | None) -> str:

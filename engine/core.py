@@ -26,6 +26,7 @@ from .clip_encodes import ClipEncode, ClipEncodeQueue
 from .compilation import CompilePolicy
 from .compile_helpers import CompileHelpers
 from .config import EngineConfig
+from .device import copy_may_overlap
 from .errors import InputError
 from .loader import LoadedModels
 from .references import ReferenceCodeCache
@@ -252,7 +253,7 @@ class RequestRun:
             )
         p = self.request.params
         # From pageable memory without waiting for the worker's queued steps (a blocking copy would).
-        self._queued = SequenceSpec(prompt.to(self.device, non_blocking=True), p.temperature, p.top_p,
+        self._queued = SequenceSpec(prompt.to(self.device, non_blocking=copy_may_overlap(self.device)), p.temperature, p.top_p,
                                     p.repetition_penalty, chunk_noise_key(self.request.seed, index), p.max_new_tokens,
                                     prefix_key=self.prefix_key, prefix_length=self.prefix.shape[1])
 

@@ -92,3 +92,10 @@ def slots_that_fit(requested: int, bytes_per_slot: int, device: torch.device) ->
     if fit < wanted:
         return fit, f"{how}, capped to what fits in half of the {free / 1e9:.1f} GB free GPU memory"
     return wanted, how
+
+
+def copy_may_overlap(device) -> bool:
+    """Whether a copy from pageable host memory to `device` may be queued (non_blocking=True) while
+    the source goes out of scope. CUDA stages a pageable source before the call returns; MPS may read
+    it later, after it is freed, and copies garbage (pytorch/pytorch#139550): copy synchronously there."""
+    return torch.device(device).type == "cuda"

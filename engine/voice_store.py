@@ -26,6 +26,8 @@ AUDIO_EXTENSIONS = frozenset({".wav", ".flac", ".ogg", ".oga", ".opus", ".mp3", 
 # Folders a store works in beside the voices: `<prefix><pid>-<uuid>`. Names starting with "." are
 # never voice ids, so they are never listed.
 ADDING_PREFIX, DELETED_PREFIX = ".adding-", ".deleted-"
+# Names Windows keeps for devices in any case: a file or folder of that name there opens the device.
+WINDOWS_DEVICE_NAMES = frozenset({"CON", "PRN", "AUX", "NUL", *(f"{port}{n}" for port in ("COM", "LPT") for n in range(1, 10))})
 
 
 def check_voice_id(voice_id: str) -> str:
@@ -40,6 +42,19 @@ def check_voice_id(voice_id: str) -> str:
         )
     if voice_id != voice_id.strip():
         raise InputError(f"invalid voice id {voice_id!r}: it must not start or end with a space")
+    return voice_id
+
+
+def is_windows_device_name(name: str) -> bool:
+    return name.upper() in WINDOWS_DEVICE_NAMES
+
+
+def check_new_voice_id(voice_id: str) -> str:
+    """check_voice_id, and not a name Windows keeps for a device (a voices folder may move there;
+    voices saved under one elsewhere stay readable)."""
+    check_voice_id(voice_id)
+    if is_windows_device_name(voice_id):
+        raise InputError(f"invalid voice id {voice_id!r}: Windows keeps that name for a device; choose another id")
     return voice_id
 
 
@@ -118,7 +133,7 @@ class VoiceStore:
 
     def add(self, voice_id: str, audio_source: AudioSource, transcript: str) -> Path:
         """Save a voice; returns its folder. The audio is checked with load_audio first."""
-        check_voice_id(voice_id)
+        check_new_voice_id(voice_id)
         if not isinstance(transcript, str) or not transcript.strip():
             raise InputError("the transcript is empty; type exactly what is said in the reference clip")
         try:
@@ -161,7 +176,7 @@ class VoiceStore:
 
     def rename(self, old_id: str, new_id: str):
         check_voice_id(old_id)
-        check_voice_id(new_id)
+        check_new_voice_id(new_id)
         with self._writing():
             source, taken = self._folder(old_id), self._folder(new_id)
             if source is None:

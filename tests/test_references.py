@@ -285,12 +285,24 @@ def test_ids_ignore_case_on_every_file_system(store, clips):
         (" padded", "start or end with a space"),
         ("x" * 256, "limit is 255"),
         (None, "non-empty string"),
+        ("con", "Windows keeps that name"),
+        ("Lpt9", "Windows keeps that name"),
     ],
 )
 def test_bad_voice_ids(store, clips, voice_id, message):
     with pytest.raises(InputError, match=message):
         store.add(voice_id, clips.wav(), "text")
     assert store.list() == []
+
+
+def test_a_voice_is_not_renamed_to_a_windows_device_name_but_one_saved_as_one_stays_readable(store, clips):
+    store.add("narrator", clips.wav(), "text")
+    with pytest.raises(InputError, match="Windows keeps that name"):
+        store.rename("narrator", "NUL")
+    (store.root / "narrator").rename(store.root / "aux")  # saved where such names are files, or by hand
+    assert store.list() == ["aux"] and store.get("aux")[1] == "text"
+    store.rename("aux", "narrator")
+    assert store.list() == ["narrator"]
 
 
 def test_longest_valid_id(store, clips):

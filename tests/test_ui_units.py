@@ -14,7 +14,7 @@ from app.clip_check import check_clip, level_warnings
 from app.metrics import Metrics
 from app.outputs import OutputDir
 from app.ui_errors import api_endpoint, ui_action
-from app.ui_handlers import HISTORY_LIMIT, Handlers, concrete_seed
+from app.ui_handlers import HISTORY_LIMIT, Handlers, _safe_name, concrete_seed
 from engine.errors import InputError
 
 RATE = 22050
@@ -90,6 +90,12 @@ def test_history_keeps_newest_first_without_duplicates_and_is_bounded():
 def test_a_seed_that_is_not_a_whole_number_in_range_is_refused_naming_the_field(seed):
     with pytest.raises(InputError, match=r"Seed \(Advanced settings\) must be a whole number from 0"):
         concrete_seed(seed)
+
+
+@pytest.mark.parametrize("text, name", [("Hello there!", "Hello_there"), ("Con", "Con_"), ("nul.", "nul_"),
+                                        ("com1?", "com1_"), ("Console", "Console"), ("...", "audio")])
+def test_output_file_names_keep_to_safe_characters_and_never_name_a_windows_device(text, name):
+    assert _safe_name(text) == name
 
 
 def test_seed_zero_picks_a_concrete_seed_others_stay():

@@ -11,6 +11,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from ..device import copy_may_overlap
 from .codec_convs import WNConv, weight_norm
 
 
@@ -24,7 +25,7 @@ class Rows:
     @classmethod
     def of(cls, rows: Sequence[int], device) -> "Rows":
         host = np.asarray(rows, dtype=np.int64)
-        return cls(torch.from_numpy(host).to(device, non_blocking=True), host)
+        return cls(torch.from_numpy(host).to(device, non_blocking=copy_may_overlap(device)), host)
 
 
 def read_rows(state: Tensor, rows: Rows | None) -> Tensor:

@@ -105,10 +105,11 @@ class BatchRunner:
         """Queue a copy of every slot's frame count and end flag behind the steps launched so far."""
         host = self._host[self._next_host]
         self._next_host = (self._next_host + 1) % len(self._host)
-        host[0].copy_(self.state.length, non_blocking=True)
-        host[1].copy_(self.state.done, non_blocking=True)
+        pinned = host.is_pinned()  # else (MPS, CPU) the copy must be done when wait() reads it
+        host[0].copy_(self.state.length, non_blocking=pinned)
+        host[1].copy_(self.state.done, non_blocking=pinned)
         ready = None
-        if host.is_pinned():
+        if pinned:
             ready = torch.cuda.Event()
             ready.record()
         return FrameCounts(host, ready)

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from ..device import copy_may_overlap
 from ..model.dual_ar import DualARTransformer
 from .frame_sampler import FrameHistory, StepOps, next_frame
 from .kv_cache import KVCache
@@ -73,7 +74,7 @@ class DecodeState:
         device = self.positions.device
 
         def upload(values, dtype):  # from pageable memory without waiting: CUDA stages it at once
-            return torch.tensor(values, dtype=dtype).to(device, non_blocking=True)
+            return torch.tensor(values, dtype=dtype).to(device, non_blocking=copy_may_overlap(device))
 
         index = upload(slots, torch.int64)
         ints = upload([positions, keys], torch.int64)

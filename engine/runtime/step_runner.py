@@ -20,6 +20,7 @@ from torch.nn.attention import sdpa_kernel
 
 from ..compilation import CompilePolicy, raise_recompile_limit
 from ..compiled_regions import Mark, compile_region
+from ..device import copy_may_overlap
 from ..model.dual_ar import (DualARTransformer, KVView, call_block, embed_and_rotation, fused_norm_then_linear,
                               norm_then_linear)
 from ..model.layers import PLAN_FREE_ATTENTION
@@ -383,7 +384,7 @@ class StepRunner:
         columns = torch.nn.utils.rnn.pad_sequence(parts, batch_first=True).transpose(1, 2).long()
         device = columns.device
         # From pageable memory without waiting (torch.tensor(..., device=cuda) waits for the stream).
-        starts = torch.tensor([start for _, _, start in rows]).to(device, non_blocking=True)
+        starts = torch.tensor([start for _, _, start in rows]).to(device, non_blocking=copy_may_overlap(device))
         positions = starts[:, None] + torch.arange(columns.shape[2], device=device)
         kv_len = max(start for _, _, start in rows) + columns.shape[2]
         with torch.inference_mode(), sdpa_kernel(PLAN_FREE_ATTENTION):
