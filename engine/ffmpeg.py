@@ -79,11 +79,20 @@ def ffmpeg_available() -> bool:
 def _put_on_path(binary: str) -> None:
     folder = _link_folder()
     link = folder / _EXE
-    if not _same_file(link, binary):
-        staged = folder / f".{_EXE}.{os.getpid()}"
-        staged.unlink(missing_ok=True)
-        _link_or_copy(binary, staged)
-        os.replace(staged, link)  # atomic: another process starting at once sees one or the other
+    if not _current(link, binary):
+        try:
+            staged = folder / f".{_EXE}.{os.getpid()}"
+            staged.unlink(missing_ok=True)
+            _link_or_copy(binary, staged)
+            os.replace(staged, link)  # atomic: another process starting at once sees one or the other
+        except OSError as exc:
+            # Windows refuses to replace a program that runs: another instance is using the copy.
+            staged.unlink(missing_ok=True)
+            if not link.exists():
+                folder = Path(tempfile.mkdtemp(prefix="s1-mini-ffmpeg-"))
+                _link_or_copy(binary, folder / _EXE)
+            else:
+                logger.warning("could not update {} ({}); using it as it is", link, exc.strerror or exc)
     os.environ["PATH"] = os.pathsep.join(filter(None, [str(folder), os.environ.get("PATH")]))
 
 
@@ -102,11 +111,15 @@ def _link_folder() -> Path:
         return Path(tempfile.mkdtemp(prefix="s1-mini-ffmpeg-"))
 
 
-def _same_file(link: Path, binary: str) -> bool:
+def _current(link: Path, binary: str) -> bool:
+    """Whether `link` is `binary`: a link to it, or a copy of it (copy2 keeps the time)."""
     try:
-        return os.path.samefile(link, binary)
+        if os.path.samefile(link, binary):
+            return True
+        ours, theirs = link.stat(), os.stat(binary)
     except OSError:
         return False
+    return ours.st_size == theirs.st_size and ours.st_mtime_ns == theirs.st_mtime_ns
 
 
 def _link_or_copy(binary: str, target: Path) -> None:

@@ -64,6 +64,61 @@ def test_with_no_ffmpeg_on_path_the_wheels_binary_serves_pydub_by_name(tmp_path)
     assert "from the imageio-ffmpeg wheel; none on PATH" in result.stderr  # the log says which
 
 
+@pytest.fixture
+def copies_only(tmp_path, monkeypatch):
+    """A fake binary and this user's link folder, where links fail (Windows without developer mode,
+    another volume) so that the binary is copied; PATH restored afterwards."""
+    binary = tmp_path / "wheel" / ff._EXE
+    binary.parent.mkdir()
+    binary.write_bytes(b"ffmpeg 1")
+    folder = tmp_path / "links"
+    folder.mkdir()
+    monkeypatch.setattr(ff, "_link_folder", lambda: folder)
+    for name in ("symlink", "link"):
+        monkeypatch.setattr(ff.os, name, lambda *_: (_ for _ in ()).throw(OSError("no links here")))
+    monkeypatch.setenv("PATH", os.environ.get("PATH", ""))
+    return binary, folder
+
+
+def test_a_copy_of_the_same_binary_is_kept_and_a_changed_one_replaced(copies_only, monkeypatch):
+    binary, folder = copies_only
+    ff._put_on_path(str(binary))
+    link = folder / ff._EXE
+    assert link.read_bytes() == b"ffmpeg 1" and os.environ["PATH"].startswith(str(folder))
+    replaced = []
+    real_replace = os.replace
+    monkeypatch.setattr(ff.os, "replace", lambda *a: (replaced.append(a), real_replace(*a)))
+    ff._put_on_path(str(binary))
+    assert replaced == []  # a copy with the binary's size and time is current
+    binary.write_bytes(b"ffmpeg 2, upgraded")
+    ff._put_on_path(str(binary))
+    assert len(replaced) == 1 and link.read_bytes() == b"ffmpeg 2, upgraded"
+
+
+def test_a_copy_that_cannot_be_replaced_serves_as_it_is(copies_only, monkeypatch):
+    binary, folder = copies_only
+    ff._put_on_path(str(binary))
+    binary.write_bytes(b"ffmpeg 2, upgraded")
+
+    def running(*_):  # Windows, while another instance runs the copy
+        raise PermissionError(13, "Access is denied")
+
+    monkeypatch.setattr(ff.os, "replace", running)
+    ff._put_on_path(str(binary))
+    assert (folder / ff._EXE).read_bytes() == b"ffmpeg 1" and os.environ["PATH"].startswith(str(folder))
+    assert [p.name for p in folder.iterdir()] == [ff._EXE]  # nothing staged left behind
+
+
+def test_with_no_copy_to_fall_back_on_a_private_folder_serves(copies_only, monkeypatch, tmp_path):
+    binary, folder = copies_only
+    private = tmp_path / "private"
+    monkeypatch.setattr(ff.tempfile, "mkdtemp", lambda prefix: private.mkdir() or str(private))
+    monkeypatch.setattr(ff.os, "replace", lambda *_: (_ for _ in ()).throw(PermissionError(13, "Access is denied")))
+    ff._put_on_path(str(binary))
+    assert os.environ["PATH"].split(os.pathsep)[0] == str(private)
+    assert (private / ff._EXE).read_bytes() == b"ffmpeg 1"
+
+
 def tone_wav(seconds: float, channels: int = 1) -> bytes:
     t = np.arange(int(44100 * seconds)) / 44100
     samples = np.stack([0.5 * np.sin(2 * np.pi * 440 * t)] * channels, axis=1)
