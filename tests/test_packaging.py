@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import tomllib
 import zipfile
 from pathlib import Path
 
@@ -16,6 +15,11 @@ import pytest
 from packaging.requirements import Requirement
 
 from tests.test_app_support import ROOT, assert_audio, free_port
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10: the same parser as a package (requirements-dev.txt)
+    import tomli as tomllib
 
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 
