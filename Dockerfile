@@ -3,11 +3,14 @@
 #   docker build -t s1-mini-studio .
 #   docker run --gpus all -p 7860:7860 -e HF_TOKEN=... -v s1-hf:/data/huggingface s1-mini-studio
 #   docker run --gpus all -p 7860:7860 s1-mini-studio --demo          # no download, no network
+#   docker build --build-arg WITH_RAY=1 -t s1-mini-studio-ray .        # for Ray Serve / KubeRay nodes
 # BASE: any image with CUDA's runtime and Python 3.10+ (python3, venv) works; the default is NVIDIA's.
 ARG BASE=nvidia/cuda:12.8.1-cudnn-runtime-ubuntu24.04
 FROM ${BASE}
 
 ARG TORCH_INDEX=https://download.pytorch.org/whl/cu128
+# WITH_RAY=1: Ray Serve too (requirements-ray.txt), and wget, which KubeRay's health probes run.
+ARG WITH_RAY=0
 ENV DEBIAN_FRONTEND=noninteractive \
     PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \
@@ -17,6 +20,7 @@ ENV DEBIAN_FRONTEND=noninteractive \
 # soundfile; tini is not needed: the server is PID 1 and handles SIGTERM itself.
 RUN apt-get update \
  && apt-get install -y --no-install-recommends python3 python3-venv ffmpeg libsndfile1 ca-certificates \
+    $(if [ "$WITH_RAY" = 1 ]; then echo wget; fi) \
  && rm -rf /var/lib/apt/lists/*
 
 RUN python3 -m venv /opt/venv
@@ -25,9 +29,10 @@ ENV PATH=/opt/venv/bin:$PATH
 WORKDIR /opt/s1-mini-studio
 # The dependencies first, so a code change reuses this layer. torch from PyTorch's CUDA index
 # (TORCH_INDEX="" takes PyPI's default build).
-COPY pyproject.toml requirements.txt ./
+COPY pyproject.toml requirements.txt requirements-ray.txt ./
 RUN if [ -n "$TORCH_INDEX" ]; then pip install "torch>=2.11" --index-url "$TORCH_INDEX"; fi \
- && pip install -r requirements.txt
+ && pip install -r requirements.txt \
+ && if [ "$WITH_RAY" = 1 ]; then pip install -r requirements-ray.txt; fi
 COPY README.md ./
 COPY app ./app
 COPY engine ./engine

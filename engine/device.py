@@ -30,7 +30,7 @@ def choose_placement(device: str, precision: str) -> Placement:
             reasons.append("device mps because Apple Metal is available")
         else:
             dev = torch.device("cpu")
-            reasons.append("device cpu because no GPU was found")
+            reasons.append(_no_gpu_reason())
     else:
         dev = torch.device(device)
         _check_available(dev)
@@ -92,6 +92,15 @@ def slots_that_fit(requested: int, bytes_per_slot: int, device: torch.device) ->
     if fit < wanted:
         return fit, f"{how}, capped to what fits in half of the {free / 1e9:.1f} GB free GPU memory"
     return wanted, how
+
+
+def _no_gpu_reason() -> str:
+    if torch.version.cuda is None:
+        return "device cpu because no GPU was found (this torch is built without CUDA)"
+    # A CUDA build that finds no usable GPU: none there, or a driver older than the build needs.
+    return (f"device cpu because no usable CUDA GPU was found; this torch is built for CUDA {torch.version.cuda}: "
+            "with an NVIDIA GPU, check that its driver supports that CUDA version (nvidia-smi shows the driver's), "
+            "or install a torch build for an older CUDA (README)")
 
 
 def copy_may_overlap(device) -> bool:

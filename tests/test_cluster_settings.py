@@ -14,7 +14,7 @@ yaml = pytest.importorskip("yaml")
 from ray.serve.schema import ServeDeploySchema  # noqa: E402
 
 from app.cluster.application import ClusterSettings, build  # noqa: E402
-from app.cluster.launcher import cluster_settings, parse_replicas  # noqa: E402
+from app.cluster.launcher import REPO_ROOT, cluster_settings, job_runtime_env, parse_replicas  # noqa: E402
 from app.cluster.routing import preferred_replica, voice_key  # noqa: E402
 from engine.config import EngineConfig  # noqa: E402
 from engine.errors import InputError  # noqa: E402
@@ -109,6 +109,13 @@ def test_drain_seconds_reach_the_engine_replicas_and_the_ingress():
 def test_bad_cluster_settings_say_what_is_wrong(bad):
     with pytest.raises(InputError):
         ClusterSettings(**bad)
+
+
+def test_a_checkout_travels_to_an_existing_cluster_and_an_installed_copy_does_not(tmp_path):
+    checkout = job_runtime_env({"S1_MINI_API_KEY": "k"})  # these tests run from the checkout
+    assert checkout["working_dir"] == str(REPO_ROOT) and ".git" in checkout["excludes"]
+    # pip install . or the image: the code's folder is site-packages, GBs that Ray refuses to upload
+    assert job_runtime_env({}, root=tmp_path) == {"env_vars": {}}
 
 
 def test_replicas_flag():

@@ -12,9 +12,23 @@ from pathlib import Path
 
 from loguru import logger
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[2]  # a checkout, or site-packages for an installed copy
 # What an existing cluster's nodes need of this checkout (Ray uploads it as the job's working dir).
 UPLOAD_EXCLUDES = [".git", "tests", "docs", "checkpoints", "deploy", "*.wav", "*.pt", "__pycache__"]
+
+
+def from_checkout(root: Path = REPO_ROOT) -> bool:
+    """Whether this code runs from a checkout (else from an installed package, whose folder is all of
+    site-packages: never uploaded or put on PYTHONPATH; the nodes import their own installed copy)."""
+    return (root / "pyproject.toml").is_file()
+
+
+def job_runtime_env(env: dict[str, str], root: Path = REPO_ROOT) -> dict:
+    """The runtime_env of the job on an existing cluster: a checkout travels as its working dir."""
+    runtime = {"env_vars": env}
+    if from_checkout(root):
+        runtime.update(working_dir=str(root), excludes=UPLOAD_EXCLUDES)
+    return runtime
 
 
 def parse_replicas(text: str) -> tuple[int | None, int | None]:
@@ -61,11 +75,11 @@ def serve_cluster(config, plan, replicas: str, address: str | None) -> int:
         logger.info("the cluster serves the REST API (the Gradio UI runs with the single server)")
     env = {"S1_MINI_API_KEY": plan.api_key} if plan.api_key else {}
     if address:
-        ray.init(address=address, runtime_env={"working_dir": str(REPO_ROOT), "excludes": UPLOAD_EXCLUDES,
-                                               "env_vars": env})
+        ray.init(address=address, runtime_env=job_runtime_env(env))
     else:
         # The local cluster's workers inherit this environment: the checkout's path and the API key.
-        os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
+        if from_checkout():
+            os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
         os.environ.update(env)
         ray.init(include_dashboard=False)
     try:

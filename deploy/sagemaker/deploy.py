@@ -1,5 +1,6 @@
 """Deploy the S1-mini Studio image to an Amazon SageMaker real-time (or asynchronous) endpoint with
-the SageMaker Python SDK. Run where AWS credentials and `pip install sagemaker boto3` are set up:
+the SageMaker Python SDK v2. Run where AWS credentials and `pip install "sagemaker>=2.200,<3" boto3` are set up
+(version 3 of the SDK removed sagemaker.model):
 
     python deploy/sagemaker/deploy.py --image <account>.dkr.ecr.<region>.amazonaws.com/s1-mini-studio:latest \
         --role arn:aws:iam::<account>:role/<SageMakerExecutionRole> [--model-data s3://bucket/s1-mini.tar.gz] \
@@ -26,7 +27,10 @@ def main(argv=None) -> int:
     p.add_argument("--async-output", metavar="S3_URI", help="deploy an asynchronous endpoint writing results here")
     args = p.parse_args(argv)
 
-    from sagemaker.model import Model
+    try:
+        from sagemaker.model import Model
+    except ImportError:  # not installed, or version 3 (no sagemaker.model)
+        p.error('needs the SageMaker Python SDK v2: pip install "sagemaker>=2.200,<3" boto3')
 
     env = {"S1_MINI_MAX_TEXT_LENGTH": "0"}  # long texts: the async endpoint takes them (up to 1 GB payloads)
     if args.hf_token:
