@@ -104,7 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
     server.add_argument(
         "--listen", metavar="HOST:PORT",
         help=f"address to serve on [S1_MINI_LISTEN, else GRADIO_SERVER_NAME / GRADIO_SERVER_PORT; "
-        f"default {DEFAULT_HOST}:{DEFAULT_PORT}; use 0.0.0.0 to accept other machines]",
+        f"default {DEFAULT_HOST}:{DEFAULT_PORT}; use 0.0.0.0 to accept other machines; :PORT keeps the default host]",
     )
     server.add_argument(
         "--root-path", metavar="URL_OR_PATH",
@@ -167,12 +167,12 @@ class ServerPlan:
     drain_s: float = DRAIN_S
 
 
-def parse_listen(text: str) -> tuple[str, int]:
-    """'host:port', '[ipv6]:port' or ':port' (keeps the default host)."""
+def parse_listen(text: str, default_host: str = DEFAULT_HOST) -> tuple[str, int]:
+    """'host:port', '[ipv6]:port' or ':port' (default_host: the host without --listen)."""
     host, sep, port = text.strip().rpartition(":")
     if not sep or not port.isdigit() or not 0 < int(port) < 65536:
         raise ValueError(f"--listen must look like 127.0.0.1:7860 or [::1]:7860, got {text!r}")
-    return host.strip("[]") or DEFAULT_HOST, int(port)
+    return host.strip("[]") or default_host, int(port)
 
 
 def _flag_or_env(value, environ, *names):
@@ -196,16 +196,17 @@ def plan_server(args, environ) -> ServerPlan:
     pod = environ.get("RUNPOD_POD_ID")
     serve_mode = getattr(args, "mode", None) == "serve"
     listen, source = _flag_or_env(args.listen, environ, "S1_MINI_LISTEN")
+    # Behind RunPod's or a Space's proxy, 127.0.0.1 would be unreachable.
+    proxied = pod or environ.get("SPACE_ID")
+    default_host = environ.get("GRADIO_SERVER_NAME") or ("0.0.0.0" if proxied else DEFAULT_HOST)
     if serve_mode and not listen:
         host, port = "0.0.0.0", int(environ.get("SAGEMAKER_BIND_TO_PORT") or SAGEMAKER_PORT)
         reasons.append(f"listening on {host}:{port} (serve mode: SageMaker's contract)")
     elif listen:
-        host, port = parse_listen(listen)
+        host, port = parse_listen(listen, default_host)
         reasons.append(f"listening on {host}:{port} (from {source})")
     else:
-        # Behind RunPod's or a Space's proxy, 127.0.0.1 would be unreachable.
-        proxied = pod or environ.get("SPACE_ID")
-        host = environ.get("GRADIO_SERVER_NAME") or ("0.0.0.0" if proxied else DEFAULT_HOST)
+        host = default_host
         port = int(environ.get("GRADIO_SERVER_PORT") or DEFAULT_PORT)
         if environ.get("GRADIO_SERVER_NAME") or environ.get("GRADIO_SERVER_PORT"):
             why = "from GRADIO_SERVER_NAME / GRADIO_SERVER_PORT"

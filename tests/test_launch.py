@@ -108,6 +108,10 @@ def test_gradio_variables_are_honoured_and_flags_win():
     )
     assert (plan.host, plan.port, plan.root_path) == ("127.0.0.1", 9000, "/x")
     assert launch.plan_server(parse(), {**env, "S1_MINI_LISTEN": "0.0.0.0:7000"}).port == 7000
+    # ":PORT" keeps the host the server takes without it: the image's 0.0.0.0, a pod's, a Space's
+    for environ, host in ((env, "0.0.0.0"), ({"RUNPOD_POD_ID": "abc123"}, "0.0.0.0"), ({}, "127.0.0.1")):
+        plan = launch.plan_server(parse("--listen", ":9000"), environ)
+        assert (plan.host, plan.port) == (host, 9000)
 
 
 def test_runpod_listens_everywhere_with_the_proxy_url_as_root():

@@ -269,6 +269,10 @@ def test_the_container_healthcheck_finds_the_server_on_its_port(server):
     port = server.url.rpartition(":")[2]
     assert healthcheck.ports({"S1_MINI_LISTEN": f"0.0.0.0:{port}"}) == [port, "7860", "8080"]
     assert healthcheck.ports({"SAGEMAKER_BIND_TO_PORT": "9000"}) == ["9000", "7860", "8080"]
+    server = ["/opt/venv/bin/python3", "/opt/venv/bin/s1-mini-studio", "--demo", "--listen", "0.0.0.0:9100"]
+    assert healthcheck.ports({"S1_MINI_LISTEN": ":9200"}, server) == ["9100", "9200", "7860", "8080"]
+    assert healthcheck.ports({}, ["s1-mini-studio", "--listen=:9300"]) == ["9300", "7860", "8080"]
+    assert healthcheck.ports({}, ["s1-mini-studio", "--listen"]) == ["7860", "8080"]  # refused by the server anyway
     env = {**os.environ, "S1_MINI_LISTEN": f"0.0.0.0:{port}"}
     assert subprocess.run([sys.executable, "-m", "app.healthcheck"], cwd=ROOT, env=env, timeout=60).returncode == 0
     env["S1_MINI_LISTEN"] = f"0.0.0.0:{free_port()}"  # nothing there (nor, here, on 7860 or 8080, normally)
