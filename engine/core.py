@@ -253,8 +253,9 @@ class RequestRun:
             )
         p = self.request.params
         # From pageable memory without waiting for the worker's queued steps (a blocking copy would).
-        self._queued = SequenceSpec(prompt.to(self.device, non_blocking=copy_may_overlap(self.device)), p.temperature, p.top_p,
-                                    p.repetition_penalty, chunk_noise_key(self.request.seed, index), p.max_new_tokens,
+        prompt = prompt.to(self.device, non_blocking=copy_may_overlap(self.device))
+        self._queued = SequenceSpec(prompt, p.temperature, p.top_p, p.repetition_penalty,
+                                    chunk_noise_key(self.request.seed, index), p.max_new_tokens,
                                     prefix_key=self.prefix_key, prefix_length=self.prefix.shape[1])
 
 

@@ -80,8 +80,8 @@ def _put_on_path(binary: str) -> None:
     folder = _link_folder()
     link = folder / _EXE
     if not _current(link, binary):
+        staged = folder / f".{_EXE}.{os.getpid()}"
         try:
-            staged = folder / f".{_EXE}.{os.getpid()}"
             staged.unlink(missing_ok=True)
             _link_or_copy(binary, staged)
             os.replace(staged, link)  # atomic: another process starting at once sees one or the other

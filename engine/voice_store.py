@@ -27,7 +27,8 @@ AUDIO_EXTENSIONS = frozenset({".wav", ".flac", ".ogg", ".oga", ".opus", ".mp3", 
 # never voice ids, so they are never listed.
 ADDING_PREFIX, DELETED_PREFIX = ".adding-", ".deleted-"
 # Names Windows keeps for devices in any case: a file or folder of that name there opens the device.
-WINDOWS_DEVICE_NAMES = frozenset({"CON", "PRN", "AUX", "NUL", *(f"{port}{n}" for port in ("COM", "LPT") for n in range(1, 10))})
+WINDOWS_DEVICE_NAMES = frozenset({"CON", "PRN", "AUX", "NUL",
+                                  *(f"{port}{n}" for port in ("COM", "LPT") for n in range(1, 10))})
 
 
 def check_voice_id(voice_id: str) -> str:
