@@ -97,9 +97,10 @@ def _mount_ui(app: FastAPI, synth: SpeechService, settings: AppSettings, metrics
 
     from .ui import CSS_PATH, build_ui
 
+    blocks = build_ui(synth, settings, metrics)
     app = gr.mount_gradio_app(
         app,
-        build_ui(synth, settings, metrics),
+        blocks,
         path="/",
         auth=guard.ui_password_ok if settings.api_key else None,
         auth_message=UI_LOGIN_MESSAGE if settings.api_key else None,
@@ -109,6 +110,9 @@ def _mount_ui(app: FastAPI, synth: SpeechService, settings: AppSettings, metrics
         footer_links=["api", "gradio", "settings"],
         max_file_size=f"{settings.max_body_mb}mb",
     )
+    # Gradio refuses a request's file paths that no upload made (a client can name any server file)
+    # only once its Blocks have launched, which mount_gradio_app never marks.
+    blocks.has_launched = True
     guard.ui_login_check = _gradio_login_check(app)
     return app
 

@@ -208,6 +208,22 @@ def test_batch_from_csv_upload(client, tmp_path):
     assert [row[1] for row in table["data"]] == ["From a CSV file.", "Second, with a comma."]
 
 
+@pytest.mark.parametrize("endpoint, data", [
+    ("batch", ["", "FILE", "<none>", "wav", None, "", *SAMPLING.values()]),
+    ("speak", ["Hi.", "<none>", "wav", "FILE", "some words", *SAMPLING.values()]),
+])
+def test_a_file_path_that_no_upload_made_is_refused(server, tmp_path, endpoint, data):
+    # Gradio's HTTP API, as any client may call it: a file input naming a path instead of an upload.
+    secret = tmp_path / "secret.txt"  # on the server's machine, outside Gradio's upload folder
+    secret.write_text("top secret line\n", encoding="utf-8")
+    named = {"path": str(secret), "meta": {"_type": "gradio.FileData"}}
+    body = {"data": [named if value == "FILE" else value for value in data]}
+    with httpx.Client(base_url=f"{server.url}/gradio_api", timeout=120) as http:
+        event = http.post(f"/call/{endpoint}", json=body).json()["event_id"]
+        answer = http.get(f"/call/{endpoint}/{event}").text
+    assert "event: error" in answer and "top secret" not in answer, answer
+
+
 def test_batch_with_nothing_to_say(client):
     with pytest.raises(AppError, match="nothing to speak"):
         client.predict("  \n ", api_name="/batch")
