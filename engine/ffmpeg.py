@@ -140,18 +140,18 @@ def to_wav(source: str | bytes, max_seconds: float | None = None) -> bytes:
     found = ffmpeg()
     if found is None:
         raise FfmpegError("ffmpeg is not installed")
-    if isinstance(source, (bytes, bytearray, memoryview)):
-        # cache: lets ffmpeg seek back in a pipe (MP4 files keep their index at the end).
-        source_args, data = ["-i", "cache:pipe:0"], bytes(source)
-    else:
-        source_args, data = ["-i", "file:" + os.fspath(source)], None  # file: so no name reads as an option/protocol
+    # Fed through a pipe, and ffmpeg may open nothing else: a playlist (HLS, concat) in an upload would
+    # otherwise make it fetch the URLs or read the server files it names. cache: lets it seek back in
+    # the pipe (MP4 files keep their index at the end).
+    data = bytes(source) if isinstance(source, (bytes, bytearray, memoryview)) else Path(source).read_bytes()
+    name = "cache:pipe:0"
     limit = [] if max_seconds is None else ["-t", f"{max_seconds:.3f}"]
-    command = [found.path, "-v", "error", "-nostdin", *source_args, "-vn", *limit, "-c:a", "pcm_f32le", "-f", "wav", "pipe:1"]
-    feed = {"input": data} if data is not None else {"stdin": subprocess.DEVNULL}
-    result = subprocess.run(command, capture_output=True, **feed)
+    command = [found.path, "-v", "error", "-nostdin", "-protocol_whitelist", "cache,pipe", "-i", name, "-vn", *limit,
+               "-c:a", "pcm_f32le", "-f", "wav", "pipe:1"]
+    result = subprocess.run(command, input=data, capture_output=True)
     if result.returncode != 0 or not result.stdout:
         lines = result.stderr.decode(errors="replace").strip().splitlines()
-        # ffmpeg names the input first ("file:/tmp/.../clip.m4a: ..."): a server path, never shown.
-        reason = lines[-1].replace(f"{source_args[1]}: ", "").replace(source_args[1], "the input") if lines else ""
+        # ffmpeg names the input first ("cache:pipe:0: ..."): said as "the input"
+        reason = lines[-1].replace(f"{name}: ", "").replace(name, "the input") if lines else ""
         raise FfmpegError(reason[:200] or f"ffmpeg exited with {result.returncode}")
     return result.stdout

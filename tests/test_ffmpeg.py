@@ -163,3 +163,35 @@ def test_to_wav_reports_what_ffmpeg_could_not_read_without_naming_the_input(tmp_
         message = str(caught.value)
         assert message and "Traceback" not in message
         assert str(tmp_path) not in message and "pipe:" not in message and "file:" not in message, message
+
+
+def test_a_playlist_in_an_upload_makes_ffmpeg_fetch_and_read_nothing(tmp_path):
+    import http.server
+    import threading
+
+    fetched = []
+
+    class Recorder(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 (the standard library's name)
+            fetched.append(self.path)
+            self.send_response(404)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    listener = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Recorder)
+    threading.Thread(target=listener.serve_forever, daemon=True).start()
+    local = tmp_path / "other-voice.wav"
+    local.write_bytes(tone_wav(1.0))  # a server file that a playlist could name
+    try:
+        for segment in (f"http://127.0.0.1:{listener.server_port}/segment.ts", str(local)):
+            playlist = f"#EXTM3U\n#EXT-X-TARGETDURATION:10\n#EXTINF:10,\n{segment}\n#EXT-X-ENDLIST\n".encode()
+            upload = tmp_path / "upload.m3u8"
+            upload.write_bytes(playlist)
+            for source in (playlist, str(upload)):
+                with pytest.raises(ff.FfmpegError):
+                    ff.to_wav(source)
+    finally:
+        listener.shutdown()
+    assert fetched == []
