@@ -143,7 +143,10 @@ def to_wav(source: str | bytes, max_seconds: float | None = None) -> bytes:
     # Fed through a pipe, and ffmpeg may open nothing else: a playlist (HLS, concat) in an upload would
     # otherwise make it fetch the URLs or read the server files it names. cache: lets it seek back in
     # the pipe (MP4 files keep their index at the end).
-    data = bytes(source) if isinstance(source, (bytes, bytearray, memoryview)) else Path(source).read_bytes()
+    try:
+        data = bytes(source) if isinstance(source, (bytes, bytearray, memoryview)) else Path(source).read_bytes()
+    except OSError as exc:  # gone meanwhile (a saved voice deleted): no server path in the message
+        raise FfmpegError(f"the input could not be read ({exc.strerror or 'I/O error'})") from None
     name = "cache:pipe:0"
     limit = [] if max_seconds is None else ["-t", f"{max_seconds:.3f}"]
     command = [found.path, "-v", "error", "-nostdin", "-protocol_whitelist", "cache,pipe", "-i", name, "-vn", *limit,
