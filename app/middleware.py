@@ -13,8 +13,6 @@ from .route_table import api_routes
 from .metrics import Metrics
 
 API_PREFIX = "/v1/"
-# Paths whose bodies BodySizeLimit counts: the REST API's and SageMaker's inference route.
-_LIMITED_PREFIXES = (API_PREFIX, "/invocations")
 # Low-cardinality route labels: only our own routes are counted, not Gradio's polling.
 _COUNTED_PREFIXES = (API_PREFIX, "/health", "/ready", "/metrics")
 
@@ -48,10 +46,10 @@ class RequestMetrics:
 
 
 class BodySizeLimit:
-    """Refuses API bodies over `max_bytes` with a 413 before they fill the memory.
+    """Refuses request bodies over `max_bytes` with a 413 before they fill the memory: every path's,
+    the UI's too (Gradio parses a JSON body whole, before its login check answers 401).
 
     A declared Content-Length is checked up front; a chunked body is counted as it arrives.
-    UI uploads are limited by Gradio's own max_file_size.
     """
 
     def __init__(self, app, max_bytes: int):
@@ -59,7 +57,7 @@ class BodySizeLimit:
         self.max_bytes = max_bytes
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] != "http" or not scope["path"].startswith(_LIMITED_PREFIXES):
+        if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         problem = Problem(413, f"the request body is over {self.max_bytes // 2**20} MB; send shorter audio")

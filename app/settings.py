@@ -15,7 +15,7 @@ class AppSettings:
     root_path: str = ""  # public URL or sub-path the app is served under (proxies, RunPod)
     max_batch_items: int = 100  # texts per /v1/tts/batch request or UI batch run
     ui_concurrency: int = 8  # UI generations in flight at once; the engine batches them
-    max_body_mb: int = 64  # API request bodies and UI uploads (reference clips, batch files)
+    max_body_mb: int = 64  # every request body: the API's, the UI's uploads (reference clips, batch files) and calls
     # Gradio's streaming audio output runs ffmpeg per stream; without it the UI plays whole clips.
     stream_ui_audio: bool = field(default_factory=ffmpeg_available)
     title: str = "S1-mini Studio"

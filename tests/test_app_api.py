@@ -530,10 +530,13 @@ def test_thousands_of_bad_values_get_a_short_answer(http):
     assert message.count("tokens.") == 10 and "and 31990 more errors" in message and len(r.content) < 4000
 
 
-@pytest.mark.parametrize("path", ["/v1/tts", "/invocations"])  # SageMaker's route takes /v1/tts's body
+@pytest.mark.parametrize("path", ["/v1/tts", "/invocations", "/gradio_api/queue/join", "/gradio_api/upload"])
 def test_oversized_body_is_refused_with_413(http, path):
+    # SageMaker's route takes /v1/tts's body; Gradio's parse theirs before the login check answers.
     r = http.post(path, content=b"{" + b" " * (64 * 2**20 + 1), headers={"content-type": "application/json"})
     assert r.status_code == 413 and "64 MB" in error_message(r)
+    if path.startswith("/gradio_api"):
+        return  # a chunked body stops being read there too, but Gradio answers the error as its own 400
 
     def chunked():  # no Content-Length: counted as it arrives
         for _ in range(65):
