@@ -26,6 +26,9 @@ from .ffmpeg import FfmpegError, ffmpeg_available, to_wav
 SAMPLE_RATE = 44100
 MIN_SECONDS = 0.5
 SILENCE_DBFS = -60.0  # a clip whose peak is below this holds no usable speech
+# Studio masters go this high; above it a small compressed file can decode to gigabytes.
+MAX_SAMPLE_RATE = 192_000
+BLOCK_FRAMES = 1 << 16  # frames read at a time, then mixed to one channel
 
 AudioSource = Union[bytes, bytearray, memoryview, str, os.PathLike, tuple]
 
@@ -133,7 +136,7 @@ def _decode_soundfile(handle, label: str, max_seconds: float | None) -> tuple[np
             # Check the length before decoding so an hour-long upload is refused cheaply.
             if max_seconds is not None and audio.frames > 0:
                 _check_not_too_long(audio.frames / audio.samplerate, label, max_seconds)
-            return audio.read(dtype="float32", always_2d=True), audio.samplerate
+            return _read_mono(audio, label), audio.samplerate
     except RuntimeError:  # LibsndfileError: a format libsndfile does not know, or broken data
         return None
 
@@ -153,11 +156,27 @@ def _decode_ffmpeg(handle, label: str, max_seconds: float | None) -> tuple[np.nd
             f"cannot read {label}: it is corrupt or not an audio file ({exc}). Use WAV, FLAC, MP3, OGG, M4A or WEBM."
         ) from None
     with sf.SoundFile(io.BytesIO(wav)) as decoded:
-        return decoded.read(dtype="float32", always_2d=True), decoded.samplerate
+        return _read_mono(decoded, label), decoded.samplerate
+
+
+def _read_mono(audio: sf.SoundFile, label: str) -> np.ndarray:
+    """The file's frames mixed to one channel, (n, 1), a block at a time: a file of many channels
+    never needs them all in memory at once. Mixed as _to_engine_samples mixes, row by row."""
+    _check_sample_rate(audio.samplerate, label)
+    mixed = [block.mean(axis=1, dtype=np.float32)
+             for block in audio.blocks(BLOCK_FRAMES, dtype="float32", always_2d=True)]
+    return (np.concatenate(mixed) if mixed else np.zeros(0, np.float32))[:, None]
+
+
+def _check_sample_rate(rate: int, label: str) -> None:
+    if rate > MAX_SAMPLE_RATE:
+        raise InputError(f"{label} has a sample rate of {rate} Hz, above {MAX_SAMPLE_RATE} Hz; "
+                         "export it at 48 or 44.1 kHz")
 
 
 def _to_engine_samples(frames: np.ndarray, rate: int, label: str, max_seconds: float | None) -> np.ndarray:
     """Validated (n, channels) frames at `rate` -> mono float32 at SAMPLE_RATE."""
+    _check_sample_rate(rate, label)
     if frames.shape[0] == 0:
         raise InputError(f"{label} holds no audio samples; record or upload the clip again")
     if not np.isfinite(frames).all():

@@ -82,6 +82,28 @@ def test_stereo_is_averaged_to_mono():
     assert np.allclose(load_audio((SAMPLE_RATE, stereo)), left / 2)
 
 
+def test_a_many_channel_file_mixes_as_its_array_does_one_block_at_a_time(tmp_path, monkeypatch):
+    rng = np.random.default_rng(3)
+    channels = (0.3 * rng.standard_normal((3 * audio.BLOCK_FRAMES + 123, 6))).astype(np.float32)
+    path = tmp_path / "surround.wav"
+    sf.write(path, channels, SAMPLE_RATE, subtype="FLOAT")
+    read = []
+    real_blocks = sf.SoundFile.blocks
+    monkeypatch.setattr(sf.SoundFile, "blocks", lambda self, *a, **k: (read.append(b.shape) or b
+                                                                       for b in real_blocks(self, *a, **k)))
+    assert np.array_equal(load_audio(str(path)), load_audio((SAMPLE_RATE, channels)))
+    assert len(read) == 4 and max(rows for rows, _ in read) == audio.BLOCK_FRAMES  # never the whole file
+
+
+@pytest.mark.parametrize("rate", [384_000, 655_350])
+def test_a_sample_rate_above_192_khz_is_refused_before_decoding(tmp_path, rate):
+    path = tmp_path / "bomb.flac"  # a constant level compresses to little: 8 channels, 2 s
+    sf.write(path, np.full((2 * rate, 8), 0.5, np.float32), rate, subtype="PCM_16")
+    for source in (str(path), path.read_bytes(), (rate, np.full((rate, 1), 0.5, np.float32))):
+        with pytest.raises(InputError, match=f"sample rate of {rate} Hz, above 192000 Hz"):
+            load_audio(source)
+
+
 def test_gradio_int16_tuple_matches_the_file(clips, speech):
     data, rate = sf.read(clips.wav(), dtype="int16")
     assert np.array_equal(load_audio((rate, data)), speech)
