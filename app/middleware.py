@@ -78,6 +78,35 @@ class BodySizeLimit:
         await self.app(scope, counted_receive, send)
 
 
+class CrossSiteWrites:
+    """Refuses a browser's request from a page on another site that could change something (any
+    method but GET, HEAD and OPTIONS), unless --cors-origins allows that page's origin.
+
+    A page may send forms and multipart bodies to any address without a preflight, so without an
+    API key anyone's page could save, rename or delete this server's voices (a server on 127.0.0.1
+    too, through its visitor's browser). Browsers mark such requests `Sec-Fetch-Site: cross-site`;
+    other clients send no such header and are not affected.
+    """
+
+    SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+
+    def __init__(self, app, allowed_origins: tuple[str, ...] = ()):
+        self.app = app
+        self.allowed_origins = frozenset(allowed_origins)
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http" and scope["method"] not in self.SAFE_METHODS:
+            headers = dict(scope["headers"])
+            origin = headers.get(b"origin", b"").decode("latin-1")
+            if headers.get(b"sec-fetch-site") == b"cross-site" and not (
+                    "*" in self.allowed_origins or origin in self.allowed_origins):
+                problem = Problem(403, f"a page on another site ({origin or 'no origin'}) may not send this request; "
+                                  "the server's operator can allow its origin with --cors-origins")
+                await JSONResponse(error_body(problem, openai_style(scope["path"])), status_code=403)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
 class UnmatchedApiRoutes:
     """405 with `Allow` for a method that the app's own routes do not take on a path they serve, and
     404 for an unknown path under /v1/, both in the API's error shape.

@@ -31,7 +31,7 @@ from .body import describe, invalid_json
 from .bridge import STREAM_THREADS
 from .errors import HTTPProblem, Problem, error_body, openai_style, problem_for
 from .metrics import Metrics
-from .middleware import BodySizeLimit, RequestMetrics, UnmatchedApiRoutes
+from .middleware import BodySizeLimit, CrossSiteWrites, RequestMetrics, UnmatchedApiRoutes
 from .settings import AppSettings
 from .speech import SpeechService
 
@@ -60,6 +60,7 @@ def create_app(engine, settings: AppSettings | None = None, replicas=None) -> Fa
     app.add_middleware(UnmatchedApiRoutes, routes=app.router.routes)
     app.add_middleware(RequestMetrics, metrics=metrics)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_mb * 2**20)
+    app.add_middleware(CrossSiteWrites, allowed_origins=tuple(settings.cors_origins))
     if settings.cors_origins:
         # Outermost: preflights are answered before the routes, and error answers carry the headers too.
         app.add_middleware(

@@ -393,6 +393,13 @@ def test_cors_preflight_and_headers_for_allowed_origins_only(http):
     assert r.headers["access-control-allow-origin"] == ORIGIN
     other = http.get("/v1/models", headers={"origin": "https://elsewhere.example"})
     assert "access-control-allow-origin" not in other.headers
+    # a page on an allowed origin may send bodies; one elsewhere may not
+    body = {"text": "Hi.", "format": "wav", **FAST}
+    allowed = http.post("/v1/tts", json=body, headers={"origin": ORIGIN, "sec-fetch-site": "cross-site"})
+    assert allowed.status_code == 200 and allowed.headers["access-control-allow-origin"] == ORIGIN
+    refused = http.post("/v1/tts", json=body, headers={"origin": "https://elsewhere.example",
+                                                        "sec-fetch-site": "cross-site"})
+    assert refused.status_code == 403
 
 
 def test_openapi_documents_the_new_routes(http):

@@ -522,6 +522,25 @@ def test_bad_input_gets_a_4xx_with_a_clear_message(http, what, method, path, kwa
     assert "Traceback" not in r.text
 
 
+def test_a_page_on_another_site_cannot_change_the_voices(http):
+    add_voice(http, "keepsake")
+    rename = {"old_reference_id": "keepsake", "new_reference_id": "taken"}
+    evil = {"origin": "https://evil.example", "sec-fetch-site": "cross-site"}
+    for request in ({"data": rename}, {"json": rename}):  # a form needs no preflight from a browser
+        r = http.post("/v1/references/update", headers=evil, **request)
+        assert r.status_code == 403 and "--cors-origins" in error_message(r), r.text
+    r = http.request("DELETE", "/v1/references/delete", params={"reference_id": "keepsake"}, headers=evil)
+    assert r.status_code == 403 and "keepsake" in list_voices(http)
+    assert http.get("/v1/references/list", headers=evil).status_code == 200  # reading is not refused
+    # the server's own pages, and clients that are not browsers
+    for headers in ({"origin": http.base_url.scheme + "://" + http.base_url.netloc.decode(),
+                     "sec-fetch-site": "same-origin"}, {}):
+        r = http.post("/v1/references/update", json={"old_reference_id": "nobody", "new_reference_id": "x"},
+                      headers=headers)
+        assert r.status_code == 404, r.text
+    http.request("DELETE", "/v1/references/delete", params={"reference_id": "keepsake"})
+
+
 def test_thousands_of_bad_values_get_a_short_answer(http):
     codes = [[["a"] * 200] * 10] * 16  # 32,000 values that are not codes
     r = http.post("/v1/vqgan/decode?format=json", json={"tokens": codes})
