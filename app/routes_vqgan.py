@@ -20,6 +20,9 @@ from .negotiation import documented, negotiated, wants_json
 from .openapi import request_body
 
 MAX_ITEMS = 16  # files or code sets per request
+# A decode body's limit: 16 sets of 10 codebooks x 4,096 frames are ~3.3 MB of JSON, and parsed, a
+# body of ints takes ~20x its bytes.
+MAX_DECODE_BODY = 8 * 2**20
 
 
 class VQGANEncodeRequest(BaseModel):
@@ -60,7 +63,7 @@ def build_router(engine) -> APIRouter:
     async def decode(request: Request):
         """Answers `{"audios": [bytes]}`: per code set, mono float16 little-endian samples at 44.1 kHz
         (base64 in JSON answers)."""
-        req = await read_body(request, VQGANDecodeRequest)
+        req = await read_body(request, VQGANDecodeRequest, max_bytes=MAX_DECODE_BODY)
         audios = []
         for codes in req.tokens:
             samples = await call_in_thread(lambda: engine.decode_codes(_rectangular(codes)))

@@ -379,6 +379,18 @@ def test_vqgan_encode_then_decode(http):
         assert bad.status_code == 400 and "out of range" in bad.json()["message"]
 
 
+
+def test_a_vqgan_decode_body_is_bounded_by_what_a_valid_one_needs(http):
+    from app.routes_vqgan import MAX_DECODE_BODY, MAX_ITEMS
+
+    largest = json.dumps({"tokens": [[[4095] * 4096] * 10] * MAX_ITEMS})  # the most a server decodes
+    assert len(largest) < MAX_DECODE_BODY
+    big = {"tokens": [[[1] * (MAX_DECODE_BODY // 5)] * 10]}  # 16 MB of msgpack, 32 MB of JSON
+    for kind, body in (("application/json", json.dumps(big).encode()), ("application/msgpack", ormsgpack.packb(big))):
+        r = http.post("/v1/vqgan/decode", content=body, headers={"content-type": kind})
+        assert r.status_code == 413 and "at most 8 MB" in r.json()["message"], r.text[:300]
+
+
 # ---- browsers ----------------------------------------------------------------------------------
 
 
