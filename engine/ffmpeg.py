@@ -89,7 +89,7 @@ def _put_on_path(binary: str) -> None:
             # Windows refuses to replace a program that runs: another instance is using the copy.
             staged.unlink(missing_ok=True)
             if not link.exists():
-                folder = Path(tempfile.mkdtemp(prefix="s1-mini-ffmpeg-"))
+                folder = _private_folder()
                 _link_or_copy(binary, folder / _EXE)
             else:
                 logger.warning("could not update {} ({}); using it as it is", link, exc.strerror or exc)
@@ -107,8 +107,13 @@ def _link_folder() -> Path:
         probe.touch()
         probe.unlink()
         return folder
-    except OSError:  # read-only home (some containers): a private folder for this process
-        return Path(tempfile.mkdtemp(prefix="s1-mini-ffmpeg-"))
+    except OSError:  # read-only home (some containers)
+        return _private_folder()
+
+
+def _private_folder() -> Path:
+    """A new folder of this process's, for the link when the user's cache folder cannot hold it."""
+    return Path(tempfile.mkdtemp(prefix="s1-mini-ffmpeg-"))
 
 
 def _current(link: Path, binary: str) -> bool:
