@@ -21,7 +21,7 @@ import soundfile as sf
 import soxr
 
 from .errors import InputError
-from .ffmpeg import FfmpegError, ffmpeg_available, to_wav
+from .ffmpeg import FfmpegError, PipedWav, decoded, ffmpeg_available
 
 SAMPLE_RATE = 44100
 MIN_SECONDS = 0.5
@@ -150,16 +150,15 @@ def _decode_ffmpeg(handle, label: str, max_seconds: float | None) -> tuple[np.nd
     # Decode one second past the limit at most: enough to tell that the clip is too long.
     duration = None if max_seconds is None else max_seconds + 1.0
     try:
-        wav = to_wav(handle.getvalue() if isinstance(handle, io.BytesIO) else handle, duration)
+        with decoded(handle.getvalue() if isinstance(handle, io.BytesIO) else handle, duration) as audio:
+            return _read_mono(audio, label), audio.samplerate
     except FfmpegError as exc:
         raise InputError(
             f"cannot read {label}: it is corrupt or not an audio file ({exc}). Use WAV, FLAC, MP3, OGG, M4A or WEBM."
         ) from None
-    with sf.SoundFile(io.BytesIO(wav)) as decoded:
-        return _read_mono(decoded, label), decoded.samplerate
 
 
-def _read_mono(audio: sf.SoundFile, label: str) -> np.ndarray:
+def _read_mono(audio: sf.SoundFile | PipedWav, label: str) -> np.ndarray:
     """The file's frames mixed to one channel, (n, 1), a block at a time: a file of many channels
     never needs them all in memory at once. Mixed as _to_engine_samples mixes, row by row."""
     _check_sample_rate(audio.samplerate, label)

@@ -10,14 +10,18 @@ inherit it).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import struct
 import subprocess
 import tempfile
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 from loguru import logger
 
 WHEEL = "the imageio-ffmpeg wheel"
@@ -139,9 +143,12 @@ def _link_or_copy(binary: str, target: Path) -> None:
     shutil.copy2(binary, target)
 
 
-def to_wav(source: str | bytes, max_seconds: float | None = None) -> bytes:
-    """Decode any container and codec ffmpeg knows (m4a, webm, ...) to 32-bit float WAV bytes, at
-    most `max_seconds` long. No ffprobe needed: the wheel ships ffmpeg alone."""
+@contextlib.contextmanager
+def decoded(source: str | bytes, max_seconds: float | None = None) -> Iterator["PipedWav"]:
+    """Any container and codec ffmpeg knows (m4a, webm, ...) decoding as it is read: a PipedWav of its
+    32-bit float samples, at most `max_seconds` long, that holds one block at a time (a file of many
+    channels at a high rate is never decoded whole in memory). ffmpeg stops when the block reading
+    ends early. No ffprobe needed: the wheel ships ffmpeg alone."""
     found = ffmpeg()
     if found is None:
         raise FfmpegError("ffmpeg is not installed")
@@ -152,14 +159,122 @@ def to_wav(source: str | bytes, max_seconds: float | None = None) -> bytes:
         data = bytes(source) if isinstance(source, (bytes, bytearray, memoryview)) else Path(source).read_bytes()
     except OSError as exc:  # gone meanwhile (a saved voice deleted): no server path in the message
         raise FfmpegError(f"the input could not be read ({exc.strerror or 'I/O error'})") from None
-    name = "cache:pipe:0"
     limit = [] if max_seconds is None else ["-t", f"{max_seconds:.3f}"]
-    command = [found.path, "-v", "error", "-nostdin", "-protocol_whitelist", "cache,pipe", "-i", name, "-vn", *limit,
+    command = [found.path, "-v", "error", "-nostdin", "-protocol_whitelist", "cache,pipe", "-i", _INPUT, "-vn", *limit,
                "-c:a", "pcm_f32le", "-f", "wav", "pipe:1"]
-    result = subprocess.run(command, input=data, capture_output=True)
-    if result.returncode != 0 or not result.stdout:
-        lines = result.stderr.decode(errors="replace").strip().splitlines()
-        # ffmpeg names the input first ("cache:pipe:0: ..."): said as "the input"
-        reason = lines[-1].replace(f"{name}: ", "").replace(name, "the input") if lines else ""
-        raise FfmpegError(reason[:200] or f"ffmpeg exited with {result.returncode}")
-    return result.stdout
+    process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    errors = bytearray()
+    # stdin is written and stderr read on threads of their own, so that neither pipe can fill and stall
+    # ffmpeg while this thread reads stdout.
+    helpers = [threading.Thread(target=_feed, args=(process.stdin, data), daemon=True),
+               threading.Thread(target=_drain, args=(process.stderr, errors), daemon=True)]
+    for helper in helpers:
+        helper.start()
+    try:
+        yield PipedWav(process, errors)
+    finally:
+        if process.poll() is None:
+            process.kill()
+        process.wait()
+        for helper in helpers:
+            helper.join()
+        process.stdout.close()
+
+
+_INPUT = "cache:pipe:0"
+
+
+class PipedWav:
+    """ffmpeg's float WAV output read from its pipe: `samplerate`, `channels` and `blocks()` as
+    soundfile.SoundFile has them. Raises FfmpegError with ffmpeg's reason when it fails."""
+
+    def __init__(self, process: subprocess.Popen, errors: bytearray):
+        self._process, self._errors = process, errors
+        self.channels, self.samplerate = self._header()
+
+    def blocks(self, blocksize: int, dtype: str = "float32", always_2d: bool = True) -> Iterator[np.ndarray]:
+        """(n, channels) float32 blocks of up to `blocksize` frames, in order."""
+        if dtype != "float32" or not always_2d:
+            raise ValueError("ffmpeg's samples come as 2-D float32 blocks")
+        frame_bytes = 4 * self.channels
+        while True:
+            data = self._read(blocksize * frame_bytes)
+            if len(data) >= frame_bytes:
+                yield np.frombuffer(data[: len(data) // frame_bytes * frame_bytes], "<f4").reshape(-1, self.channels)
+            if len(data) < blocksize * frame_bytes:
+                self._check_exit()
+                return
+
+    def _header(self) -> tuple[int, int]:
+        """(channels, rate) from the RIFF header, up to the data chunk (whose size ffmpeg leaves unknown
+        on a pipe)."""
+        riff = self._read(12)
+        if len(riff) < 12:
+            self._check_exit()
+        if riff[:4] not in (b"RIFF", b"RF64") or riff[8:12] != b"WAVE":
+            raise FfmpegError("ffmpeg wrote no WAV header")
+        fmt = None
+        while True:
+            chunk = self._read(8)
+            if len(chunk) < 8:
+                self._check_exit()
+                raise FfmpegError("ffmpeg's output ended before its samples")
+            kind, size = chunk[:4], struct.unpack("<I", chunk[4:])[0]
+            if kind == b"data":
+                break
+            if size > _MAX_HEADER_CHUNK:
+                raise FfmpegError(f"ffmpeg wrote a WAV header chunk of {size} bytes")
+            body = self._read(size + size % 2)  # chunks are padded to an even size
+            if kind == b"fmt ":
+                fmt = body
+        if fmt is None or len(fmt) < 16:
+            raise FfmpegError("ffmpeg's WAV header has no format chunk")
+        tag, channels, rate = struct.unpack("<HHI", fmt[:8])
+        bits = struct.unpack("<H", fmt[14:16])[0]
+        if tag not in (_FLOAT, _EXTENSIBLE) or bits != 32 or channels == 0:
+            raise FfmpegError(f"ffmpeg wrote WAV format {tag} of {bits}-bit samples, not 32-bit float")
+        return channels, rate
+
+    def _read(self, size: int) -> bytes:
+        """Up to `size` bytes: fewer only at the end of the output."""
+        parts, got = [], 0
+        while got < size:
+            part = self._process.stdout.read(size - got)
+            if not part:
+                break
+            parts.append(part)
+            got += len(part)
+        return b"".join(parts)
+
+    def _check_exit(self) -> None:
+        """At the end of the output: raise FfmpegError, with its reason, if ffmpeg failed."""
+        code = self._process.wait()
+        if code != 0:
+            lines = self._errors.decode(errors="replace").strip().splitlines()
+            # ffmpeg names the input first ("cache:pipe:0: ..."): said as "the input"
+            reason = lines[-1].replace(f"{_INPUT}: ", "").replace(_INPUT, "the input") if lines else ""
+            raise FfmpegError(reason[:200] or f"ffmpeg exited with {code}")
+
+
+_FLOAT, _EXTENSIBLE = 3, 0xFFFE  # WAVE_FORMAT_IEEE_FLOAT, and the form ffmpeg writes above two channels
+_MAX_HEADER_CHUNK = 1 << 20  # metadata chunks before the samples (ffmpeg's LIST of tags)
+_ERROR_BYTES = 1 << 14  # the tail of ffmpeg's messages kept for the error
+
+
+def _feed(stdin, data: bytes) -> None:
+    try:
+        stdin.write(data)
+    except (BrokenPipeError, OSError):  # ffmpeg stopped reading: done (-t reached) or killed
+        pass
+    finally:
+        try:
+            stdin.close()
+        except OSError:
+            pass
+
+
+def _drain(stderr, errors: bytearray) -> None:
+    while part := stderr.read1(4096):
+        errors.extend(part)
+        del errors[:-_ERROR_BYTES]
+    stderr.close()

@@ -24,7 +24,7 @@ from fishaudio.types import Prosody, TTSConfig
 from websockets.exceptions import ConnectionClosedError
 from websockets.sync.client import connect
 
-from engine.ffmpeg import to_wav
+from engine.ffmpeg import decoded
 from tests.test_app_support import (
     FAST,
     ONE_FRAME_S,
@@ -77,8 +77,9 @@ def narrator(http):
 def decode_any(data: bytes) -> tuple[np.ndarray, int]:
     """Samples and rate of any container ffmpeg reads (AAC/ADTS included, which libsndfile lacks),
     through the engine's ffmpeg: the one on PATH, else imageio-ffmpeg's, which has no ffprobe."""
-    samples, rate = sf.read(io.BytesIO(to_wav(data)), dtype="float32", always_2d=True)
-    return samples.mean(axis=1), rate
+    with decoded(data) as audio:
+        samples = np.concatenate(list(audio.blocks(1 << 16)))
+        return samples.mean(axis=1), audio.samplerate
 
 
 def check_audio(data: bytes, rate: int, min_seconds: float = ONE_FRAME_S) -> np.ndarray:

@@ -135,31 +135,72 @@ def encode_m4a(wav: bytes, folder) -> bytes:
     return out.read_bytes()
 
 
+def decode_whole(source, max_seconds=None) -> tuple[np.ndarray, int]:
+    with ff.decoded(source, max_seconds) as audio:
+        return np.concatenate(list(audio.blocks(4096))), audio.samplerate
+
+
 @pytest.mark.parametrize("as_path", [False, True])
-def test_to_wav_decodes_m4a_with_ffmpeg_alone(tmp_path, as_path):
+def test_decodes_m4a_with_ffmpeg_alone(tmp_path, as_path):
     m4a = encode_m4a(tone_wav(1.5, channels=2), tmp_path)
     source = m4a
     if as_path:
         source = tmp_path / "-clip with spaces.m4a"  # a leading dash must not read as an option
         source.write_bytes(m4a)
         source = str(source)
-    data, rate = sf.read(io.BytesIO(ff.to_wav(source)), dtype="float32", always_2d=True)
-    assert rate == 44100 and data.shape[1] == 2
+    data, rate = decode_whole(source)
+    assert rate == 44100 and data.shape[1] == 2 and data.dtype == np.float32
     assert abs(len(data) / rate - 1.5) < 0.1
     assert 0.3 < np.abs(data).max() < 0.7
 
 
-def test_to_wav_stops_at_the_limit(tmp_path):
-    data, rate = sf.read(io.BytesIO(ff.to_wav(encode_m4a(tone_wav(3.0), tmp_path), max_seconds=1.0)))
+def test_decoding_stops_at_the_limit(tmp_path):
+    data, rate = decode_whole(encode_m4a(tone_wav(3.0), tmp_path), max_seconds=1.0)
     assert abs(len(data) / rate - 1.0) < 0.05
 
 
-def test_to_wav_reports_what_ffmpeg_could_not_read_without_naming_the_input(tmp_path):
+def test_a_many_channel_file_only_ffmpeg_reads_is_mixed_block_by_block(tmp_path):
+    """FLAC of 8 channels at 96 kHz in Matroska (libsndfile reads no Matroska): 61 MB of float samples,
+    mixed to one channel while ffmpeg decodes, never held whole; the mix is the source's mean."""
+    import tracemalloc
+
+    from engine import audio
+
+    frames = 96_000 * 20
+    source = (0.1 * np.random.default_rng(0).standard_normal((frames, 8))).astype(np.float32)
+    wav = io.BytesIO()
+    sf.write(wav, source, 96_000, format="WAV", subtype="FLOAT")
+    command = [imageio_ffmpeg.get_ffmpeg_exe(), "-v", "error", "-i", "pipe:0", "-c:a", "flac", "-f", "matroska", "pipe:1"]
+    mkv = subprocess.run(command, input=wav.getvalue(), capture_output=True, check=True).stdout
+    del wav
+    tracemalloc.start()
+    try:
+        samples, rate = audio._decode(mkv, "clip", 30.0)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert rate == 96_000 and samples.shape == (frames, 1)
+    np.testing.assert_allclose(samples[:, 0], source.mean(axis=1, dtype=np.float32), atol=1e-6)  # FLAC: 24 bits
+    assert peak < 3 * samples.nbytes, f"{peak / 1e6:.1f} MB at the peak for {samples.nbytes / 1e6:.1f} MB of output"
+
+
+def test_a_rate_above_the_limit_is_refused_from_ffmpegs_header(tmp_path):
+    from engine import audio
+
+    wav = io.BytesIO()
+    sf.write(wav, np.zeros((384_000, 2), np.float32), 384_000, format="WAV", subtype="FLOAT")
+    command = [imageio_ffmpeg.get_ffmpeg_exe(), "-v", "error", "-i", "pipe:0", "-c:a", "flac", "-f", "matroska", "pipe:1"]
+    mkv = subprocess.run(command, input=wav.getvalue(), capture_output=True, check=True).stdout
+    with pytest.raises(audio.InputError, match="384000 Hz, above 192000 Hz"):
+        audio._decode(mkv, "clip", 30.0)
+
+
+def test_decoding_reports_what_ffmpeg_could_not_read_without_naming_the_input(tmp_path):
     upload = tmp_path / "server-side-upload.m4a"
     upload.write_bytes(b"this is not audio at all" * 20)
     for source in (upload.read_bytes(), str(upload)):
         with pytest.raises(ff.FfmpegError) as caught:
-            ff.to_wav(source)
+            decode_whole(source)
         message = str(caught.value)
         assert message and "Traceback" not in message
         assert str(tmp_path) not in message and "pipe:" not in message and "file:" not in message, message
@@ -191,7 +232,7 @@ def test_a_playlist_in_an_upload_makes_ffmpeg_fetch_and_read_nothing(tmp_path):
             upload.write_bytes(playlist)
             for source in (playlist, str(upload)):
                 with pytest.raises(ff.FfmpegError):
-                    ff.to_wav(source)
+                    decode_whole(source)
     finally:
         listener.shutdown()
     assert fetched == []
