@@ -171,7 +171,7 @@ def decoded(source: str | bytes, max_seconds: float | None = None) -> Iterator["
     for helper in helpers:
         helper.start()
     try:
-        yield PipedWav(process, errors)
+        yield PipedWav(process, errors, helpers[1])
     finally:
         if process.poll() is None:
             process.kill()
@@ -188,8 +188,8 @@ class PipedWav:
     """ffmpeg's float WAV output read from its pipe: `samplerate`, `channels` and `blocks()` as
     soundfile.SoundFile has them. Raises FfmpegError with ffmpeg's reason when it fails."""
 
-    def __init__(self, process: subprocess.Popen, errors: bytearray):
-        self._process, self._errors = process, errors
+    def __init__(self, process: subprocess.Popen, errors: bytearray, draining: threading.Thread):
+        self._process, self._errors, self._draining = process, errors, draining
         self.channels, self.samplerate = self._header()
 
     def blocks(self, blocksize: int, dtype: str = "float32", always_2d: bool = True) -> Iterator[np.ndarray]:
@@ -250,6 +250,7 @@ class PipedWav:
         """At the end of the output: raise FfmpegError, with its reason, if ffmpeg failed."""
         code = self._process.wait()
         if code != 0:
+            self._draining.join()  # ffmpeg's last words may still be in the pipe
             lines = self._errors.decode(errors="replace").strip().splitlines()
             # ffmpeg names the input first ("cache:pipe:0: ..."): said as "the input"
             reason = lines[-1].replace(f"{_INPUT}: ", "").replace(_INPUT, "the input") if lines else ""
