@@ -199,8 +199,9 @@ class PipedWav:
         frame_bytes = 4 * self.channels
         while True:
             data = self._read(blocksize * frame_bytes)
-            if len(data) >= frame_bytes:
-                yield np.frombuffer(data[: len(data) // frame_bytes * frame_bytes], "<f4").reshape(-1, self.channels)
+            frames = len(data) // frame_bytes
+            if frames:  # a trailing partial frame (a cut-off output) is dropped
+                yield np.frombuffer(data, "<f4", frames * self.channels).reshape(frames, self.channels)
             if len(data) < blocksize * frame_bytes:
                 self._check_exit()
                 return
