@@ -56,7 +56,7 @@ class EngineConfig:
     # semantic tokens and <|im_end|> only (slower: reads the full 155,776-row output matrix).
     exact_sampling: bool = False
     # CUDA: the GPU worker thread's own work (prefill, copies) and its step graphs go on
-    # high-priority streams, ahead of the codec's and reference encodes' low-priority ones
+    # high-priority streams, ahead of the codec's low-priority ones
     # (graph_capture.use_high_priority_stream).
     decode_priority: bool = True
     # Python's GIL switch interval (its default is 5 ms), set process-wide when the engine starts;
@@ -75,7 +75,10 @@ class EngineConfig:
     # at a time. A batch takes less GPU time per clip: beside 64 running streams that send a new clip
     # every third request, clips wait less for their codes in batches. Each batch bucket (1, 2, 4,
     # ... up to this) keeps a CUDA graph.
-    max_encode_batch: int = 4
+    max_encode_batch: int = 8
+    # CUDA: reference encodes run at the decode steps' stream priority rather than the codec's
+    # lowest one: a request waiting for its clip's codes holds a slot that decodes nothing.
+    encode_priority: bool = True
     # Fused Triton kernels for the decode step's projections where they apply; False: compiled
     # matmuls (for comparisons).
     fused_projections: bool = True

@@ -77,7 +77,8 @@ class EngineCore:
         reference_frames = math.ceil(config.max_reference_seconds * models.codec.config.frame_rate)
         self.reference_encoder = ReferenceEncoder(models.codec, REFERENCE_CHUNK_FRAMES,
                                                   min(reference_frames, GRAPHED_REFERENCE_FRAMES),
-                                                  max_batch=min(config.max_encode_batch, slots))
+                                                  max_batch=min(config.max_encode_batch, slots),
+                                                  high_priority=config.encode_priority)
         self.graphs = GraphCapture(self.runner, self.codec_runner, self.reference_encoder)
         self.clip_encodes = ClipEncodeQueue(self.reference_encoder, reference_cache)
         self.voice_prompts = VoicePromptCache(models.tokenizer, c.num_codebooks)

@@ -547,11 +547,12 @@ def test_with_max_encode_batch_1_new_voices_encode_one_at_a_time(one_at_a_time_e
 
 
 def test_new_voices_that_arrive_while_a_batch_encodes_encode_together_by_length(fresh_engine, speech, monkeypatch):
-    """By default (max_encode_batch 4): the first new clip encodes at once, alone; the clips that
-    arrive meanwhile wait for it and then encode as batches of clips of similar length (at most
-    max_batch each), every request getting its voice."""
+    """By default (max_encode_batch 8, capped by the demo engine's 4 slots): the first new clip
+    encodes at once, alone; the clips that arrive meanwhile wait for it and then encode as batches
+    of clips of similar length (at most max_batch each), every request getting its voice."""
     eng = fresh_engine
-    assert eng._core.clip_encodes.encoder.max_batch == EngineConfig().max_encode_batch == 4
+    assert EngineConfig().max_encode_batch == 8
+    assert eng._core.clip_encodes.encoder.max_batch == eng._core.runner.cache.n_slots == 4
     encoder = eng._core.clip_encodes.encoder
     released, starts = hold_encodes(eng, monkeypatch)
     samples, rate = sf.read(speech.wav(), dtype="float32")

@@ -339,8 +339,8 @@ def test_graphed_reference_encoder_gives_the_eager_codes():
 
 def test_batched_encodes_give_the_codes_of_single_encodes():
     """The graphed encoder's batch buckets against its batch-1 graph, clip by clip: clips of
-    different lengths in one pass (a bucket of 4 with 3 rows, then a full one) get the codes each
-    gets alone. cuDNN picks its convolution algorithms per shape, and in TF32 (torch's default for
+    different lengths in one pass (a bucket of 4 with 3 rows, then full buckets of 4 and 8) get the
+    codes each gets alone. cuDNN picks its convolution algorithms per shape, and in TF32 (torch's default for
     convolutions) their rounding differs by more than a VQ near-tie; in fp32 the codes are the same
     up to the order of sums."""
     from codec_codes import NEAR_TIE, assert_same_codes_but_near_ties, vq_margins
@@ -350,11 +350,11 @@ def test_batched_encodes_give_the_codes_of_single_encodes():
     frame_length = codec.config.frame_length
     gen = np.random.default_rng(1)
     clips = [(0.3 * gen.standard_normal(int(frames * frame_length))).astype(np.float32)
-             for frames in (17.5, 24, 9, 40, 33, 31, 8)]
+             for frames in (17.5, 24, 9, 40, 33, 31, 8, 12, 39, 1, 20, 27, 35, 16, 5)]
     with torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
-        encoder = ReferenceEncoder(codec, 8, max_frames=40, max_batch=4)
+        encoder = ReferenceEncoder(codec, 8, max_frames=40, max_batch=8)
         encoder.prepare()
-        batched = [h.result() for h in encoder.start(clips[:3])] + [h.result() for h in encoder.start(clips[3:])]
+        batched = [h.result() for part in (clips[:3], clips[3:7], clips[7:]) for h in encoder.start(part)]
         for clip, codes in zip(clips, batched):
             with torch.inference_mode():
                 margins = vq_margins(codec, torch.from_numpy(clip).cuda().view(1, 1, -1))

@@ -24,8 +24,9 @@ def use_high_priority_stream(device: torch.device) -> None:
     priority its current one (the current stream is per thread).
 
     The thread's eager work (the prefill of admitted requests, copies) then outranks the codec
-    chunks and reference encodes, which run on streams of the lowest priority: whenever SMs free
-    up, the block scheduler starts its kernels before more blocks of a codec kernel. CUDA graphs
+    chunks, which run on a stream of the lowest priority: whenever SMs free up, the block scheduler
+    starts its kernels before more blocks of a codec kernel. Reference encodes run at this priority
+    or the lowest (EngineConfig.encode_priority). CUDA graphs
     keep the priority of the stream they were captured on (torch >= 2.10 instantiates them with
     node priorities), so the step runner captures its graphs at the current stream's priority:
     the decode steps outrank the codec's graphs too."""
@@ -34,7 +35,7 @@ def use_high_priority_stream(device: torch.device) -> None:
     stream = torch.cuda.Stream(device, priority=torch.cuda.Stream.priority_range()[1])
     stream.wait_stream(torch.cuda.default_stream(device))  # weights made on other threads' default stream
     torch.cuda.set_stream(stream)
-    logger.info("decode steps run on a CUDA stream of priority {} (codec and encodes: {})",
+    logger.info("decode steps run on a CUDA stream of priority {} (the codec's: {})",
                 stream.priority, torch.cuda.Stream.priority_range()[0])
 
 

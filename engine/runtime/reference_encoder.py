@@ -66,10 +66,12 @@ class ReferenceEncoder:
     """A streaming encoder per batch bucket and, after prepare(), their chunk graphs. Stateful: call
     it from one thread at a time (the engine's GPU worker)."""
 
-    def __init__(self, codec: ModdedDAC, chunk_frames: int, max_frames: int, max_batch: int = 1):
+    def __init__(self, codec: ModdedDAC, chunk_frames: int, max_frames: int, max_batch: int = 1,
+                 high_priority: bool = False):
         """chunk_frames: frames encoded at a time (bounds the activations held at once); max_frames:
         the longest clip, in frames, that the batched encoders (and their graphs) take; max_batch:
-        the most clips encoded in one pass."""
+        the most clips encoded in one pass; high_priority: on CUDA, encode on a stream of the highest
+        priority (the decode steps'), not the lowest (the codec's)."""
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         self.codec, self.chunk_frames, self.max_frames = codec, chunk_frames, max_frames
@@ -80,7 +82,10 @@ class ReferenceEncoder:
             # Replays run whole chunks, so the longest clip reaches its last chunk's padded end.
             encoder.reserve(-(-max_frames // chunk_frames) * chunk_frames)
         self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}  # batch -> graph, in, out
-        self._stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+        self._stream = None
+        if self.device.type == "cuda":
+            priority = torch.cuda.Stream.priority_range()[1] if high_priority else 0
+            self._stream = torch.cuda.Stream(self.device, priority=priority)
 
     @property
     def max_batch(self) -> int:
