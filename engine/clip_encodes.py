@@ -142,9 +142,11 @@ class ClipEncodeQueue:
         return started
 
     def _start_next(self) -> None:
-        """Once no batch runs: start the oldest waiting clip with others of its length bucket, as
-        many as fill the largest batch bucket they can (a spare row would cost a clip's work for
-        nothing; the rest go next); a clip longer than the batched encoders take encodes alone."""
+        """Once no batch runs: start the oldest waiting clip with the others of its length bucket, up
+        to the largest batch, in the smallest batch bucket that holds them; a clip longer than the
+        batched encoders take encodes alone. A pass's time grows slowly with its rows (4 clips take
+        about twice one clip's time), so a spare row of silence costs less than a clip left for the
+        next pass, whose requests wait a pass longer."""
         if any(encode.started and not encode.ready() for encode in self._encoding.values()):
             return
         waiting = [encode for encode in self._encoding.values() if not encode.started]
@@ -161,7 +163,6 @@ class ClipEncodeQueue:
                      and length_bucket(frames[id(encode)], encoder.chunk_frames) == bucket][:encoder.max_batch]
             if first not in batch:  # an empty clip: alone, so that its error is its own
                 batch = [first]
-            batch = batch[:max(size for size in encoder.batches if size <= len(batch))]
         self.batches += 1
         self.clips += len(batch)
         start_batch(encoder, batch)

@@ -546,10 +546,13 @@ def test_with_max_encode_batch_1_new_voices_encode_one_at_a_time(one_at_a_time_e
     assert [len(batch) for batch in starts] == [1, 1, 1]
 
 
-def test_new_voices_that_arrive_while_a_batch_encodes_encode_together_by_length(fresh_engine, speech, monkeypatch):
+@pytest.mark.parametrize("waiting", [3, 4])
+def test_new_voices_that_arrive_while_a_batch_encodes_encode_together_by_length(fresh_engine, speech, monkeypatch,
+                                                                                waiting):
     """By default (max_encode_batch 8, capped by the demo engine's 4 slots): the first new clip
     encodes at once, alone; the clips that arrive meanwhile wait for it and then encode as batches
-    of clips of similar length (at most max_batch each), every request getting its voice."""
+    of clips of similar length (at most max_batch each; 3 clips in one pass, in the bucket of 4),
+    every request getting its voice."""
     eng = fresh_engine
     assert EngineConfig().max_encode_batch == 8
     assert eng._core.clip_encodes.encoder.max_batch == eng._core.runner.cache.n_slots == 4
@@ -557,7 +560,7 @@ def test_new_voices_that_arrive_while_a_batch_encodes_encode_together_by_length(
     released, starts = hold_encodes(eng, monkeypatch)
     samples, rate = sf.read(speech.wav(), dtype="float32")
     chunk = encoder.chunk_samples * rate // 44_100 * 9 // 10  # within one encoder chunk, at the clip's rate
-    short = [np.resize(samples, chunk) * (1.0 - 0.1 * i) for i in range(encoder.max_batch + 1)]
+    short = [np.resize(samples, chunk) * (1.0 - 0.1 * i) for i in range(waiting + 1)]
     long = np.resize(samples, 3 * chunk)  # three chunks: another length bucket
     refs = [ReferenceInput((rate, clip), "The quick brown fox.") for clip in [*short, long]]
     voiced = [in_background(eng.synthesize, "Voiced first.", references=[refs[0]], params=FAST)]
@@ -569,10 +572,10 @@ def test_new_voices_that_arrive_while_a_batch_encodes_encode_together_by_length(
     assert len(starts) == 1 and len(starts[0]) == 1  # the first alone; the others wait for it
     released.set()
     assert all(len(f.result(timeout=120).audio) > 0 for f in voiced)
-    # Then the other short clips as one full batch, and the long one apart (in either order).
-    alone, full = sorted(starts[1:], key=len)
-    assert len(alone) == 1 and len(full) == encoder.max_batch
-    assert alone[0] > 2 * max(full)  # the long clip
+    # Then the other short clips as one batch, and the long one apart (in either order).
+    alone, together = sorted(starts[1:], key=len)
+    assert len(alone) == 1 and len(together) == waiting
+    assert alone[0] > 2 * max(together)  # the long clip
     assert not eng._core.clip_encodes._encoding and eng.reference_cache.stats()["misses"] == len(refs)
     assert eng.stats()["reference_encodes"] == {"batches": len(starts), "clips": len(refs)}
 
