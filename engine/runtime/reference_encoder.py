@@ -6,8 +6,8 @@ idle, and a pass of 8 clips takes about four times as long as one clip alone, so
 voices takes about half the GPU time it takes one clip after another. The rows of a batch are padded to its
 longest clip, whose chunks all rows step through; the caller groups clips of similar length
 (clip_encodes.length_bucket), so little of that is padding. Batch sizes are buckets (1, 2, 4, 8, ...)
-with a graph each; empty rows of a bucket encode silence, which nobody reads (the engine fills its
-batches, see clip_encodes).
+with a graph each; empty rows of a bucket encode silence, which nobody reads (three waiting clips
+cost less as one pass of four than as passes of two and one, see clip_encodes).
 
 Encoding a clip eagerly launches ~1,300 kernels per 32-frame chunk from Python, several times the
 clip's GPU time, and more inside a busy server, where the worker thread that encodes also runs every
