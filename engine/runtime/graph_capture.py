@@ -25,11 +25,11 @@ def use_high_priority_stream(device: torch.device) -> None:
 
     The thread's eager work (the prefill of admitted requests, copies) then outranks the codec
     chunks, which run on a stream of the lowest priority: whenever SMs free up, the block scheduler
-    starts its kernels before more blocks of a codec kernel. Reference encodes run at this priority
-    or the lowest (EngineConfig.encode_priority). CUDA graphs
-    keep the priority of the stream they were captured on (torch >= 2.10 instantiates them with
-    node priorities), so the step runner captures its graphs at the current stream's priority:
-    the decode steps outrank the codec's graphs too."""
+    starts its kernels before more blocks of a codec kernel. CUDA graphs keep the priority of the
+    stream they were captured on (torch >= 2.10 instantiates them with node priorities), so the step
+    runner captures its graphs at the current stream's priority: the decode steps outrank the
+    codec's graphs too. Reference encodes run at this priority or the lowest
+    (EngineConfig.encode_priority)."""
     if device.type != "cuda":
         return
     stream = torch.cuda.Stream(device, priority=torch.cuda.Stream.priority_range()[1])

@@ -84,8 +84,8 @@ class ReferenceEncoder:
         self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}  # batch -> graph, in, out
         self._stream = None
         if self.device.type == "cuda":
-            priority = torch.cuda.Stream.priority_range()[1] if high_priority else 0
-            self._stream = torch.cuda.Stream(self.device, priority=priority)
+            lowest, highest = torch.cuda.Stream.priority_range()
+            self._stream = torch.cuda.Stream(self.device, priority=highest if high_priority else lowest)
 
     @property
     def max_batch(self) -> int:
