@@ -75,10 +75,11 @@ class EngineCore:
         set_up_codec(models.codec, policy)
         self.codec_runner = CodecRunner(models.codec, slots, capacity)
         reference_frames = math.ceil(config.max_reference_seconds * models.codec.config.frame_rate)
+        # encode_priority: encodes at the decode steps' priority, the highest where decode_priority sets it.
         self.reference_encoder = ReferenceEncoder(models.codec, REFERENCE_CHUNK_FRAMES,
                                                   min(reference_frames, GRAPHED_REFERENCE_FRAMES),
                                                   max_batch=min(config.max_encode_batch, slots),
-                                                  high_priority=config.encode_priority)
+                                                  high_priority=config.encode_priority and config.decode_priority)
         self.graphs = GraphCapture(self.runner, self.codec_runner, self.reference_encoder)
         self.clip_encodes = ClipEncodeQueue(self.reference_encoder, reference_cache)
         self.voice_prompts = VoicePromptCache(models.tokenizer, c.num_codebooks)
