@@ -135,6 +135,14 @@ def encode_m4a(wav: bytes, folder) -> bytes:
     return out.read_bytes()
 
 
+def flac_in_matroska(samples: np.ndarray, rate: int) -> bytes:
+    """(frames, channels) float samples as FLAC in Matroska, a container libsndfile does not read."""
+    wav = io.BytesIO()
+    sf.write(wav, samples, rate, format="WAV", subtype="FLOAT")
+    command = [imageio_ffmpeg.get_ffmpeg_exe(), "-v", "error", "-i", "pipe:0", "-c:a", "flac", "-f", "matroska", "pipe:1"]
+    return subprocess.run(command, input=wav.getvalue(), capture_output=True, check=True).stdout
+
+
 def decode_whole(source, max_seconds=None) -> tuple[np.ndarray, int]:
     with ff.decoded(source, max_seconds) as audio:
         return np.concatenate(list(audio.blocks(4096))), audio.samplerate
@@ -168,11 +176,7 @@ def test_a_many_channel_file_only_ffmpeg_reads_is_mixed_block_by_block(tmp_path)
 
     frames = 96_000 * 20
     source = (0.1 * np.random.default_rng(0).standard_normal((frames, 8))).astype(np.float32)
-    wav = io.BytesIO()
-    sf.write(wav, source, 96_000, format="WAV", subtype="FLOAT")
-    command = [imageio_ffmpeg.get_ffmpeg_exe(), "-v", "error", "-i", "pipe:0", "-c:a", "flac", "-f", "matroska", "pipe:1"]
-    mkv = subprocess.run(command, input=wav.getvalue(), capture_output=True, check=True).stdout
-    del wav
+    mkv = flac_in_matroska(source, 96_000)
     tracemalloc.start()
     try:
         samples, rate = audio._decode(mkv, "clip", 30.0)
@@ -187,10 +191,7 @@ def test_a_many_channel_file_only_ffmpeg_reads_is_mixed_block_by_block(tmp_path)
 def test_a_rate_above_the_limit_is_refused_from_ffmpegs_header(tmp_path):
     from engine import audio
 
-    wav = io.BytesIO()
-    sf.write(wav, np.zeros((384_000, 2), np.float32), 384_000, format="WAV", subtype="FLOAT")
-    command = [imageio_ffmpeg.get_ffmpeg_exe(), "-v", "error", "-i", "pipe:0", "-c:a", "flac", "-f", "matroska", "pipe:1"]
-    mkv = subprocess.run(command, input=wav.getvalue(), capture_output=True, check=True).stdout
+    mkv = flac_in_matroska(np.zeros((384_000, 2), np.float32), 384_000)
     with pytest.raises(audio.InputError, match="384000 Hz, above 192000 Hz"):
         audio._decode(mkv, "clip", 30.0)
 
