@@ -209,7 +209,8 @@ def test_a_flood_of_non_streaming_requests_is_shed_and_other_routes_stay_quick(h
         assert_audio(r.content)
     assert prober.samples and all(status == 200 for _, status, _ in prober.samples)
     slowest = max(prober.samples, key=lambda s: s[2])
-    assert slowest[2] < 1.0, f"{slowest[0]} took {slowest[2]:.2f} s while the engine was full"
+    # Well under the ~18 s a probe queued behind generation would take, with room for a slow machine.
+    assert slowest[2] < 5.0, f"{slowest[0]} took {slowest[2]:.2f} s while the engine was full"
 
 
 @pytest.mark.parametrize("path, field", [("/v1/tts", "text"), ("/v1/tts/batch", "texts")])
@@ -220,18 +221,18 @@ def test_a_client_that_leaves_a_non_streaming_request_stops_its_work(http, serve
     wait_until(engine_idle, 60)
     before = metric(http, "s1mini_audio_seconds_total")
     text = "This request asks for far more audio than anyone will wait for. " * 4
-    body = json.dumps({field: text if field == "text" else [text], "max_new_tokens": 3000, "chunk_length": 300}).encode()
+    body = json.dumps({field: text if field == "text" else [text], "max_new_tokens": 3000, "chunk_length": 300,
+                       "seed": 1}).encode()  # a seed whose demo speech runs long
     port = int(server.url.rsplit(":", 1)[1])
     client = socket.create_connection(("127.0.0.1", port))
     client.sendall(f"POST {path} HTTP/1.1\r\n".encode() + b"Host: test\r\nContent-Type: application/json\r\n"
                    + f"Authorization: Bearer {KEY}\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
     wait_until(lambda: metric(http, "s1mini_audio_seconds_total") > before, 60)  # the audio is flowing
     client.close()
-    left = time.monotonic()
-    wait_until(lambda: time.monotonic() - left >= 1.0, 5, poll_s=0.05)
+    wait_until(engine_idle, 30)  # the chunk in hand when the client left may still be counted until then
     stopped_at = metric(http, "s1mini_audio_seconds_total")
-    wait_until(engine_idle, 30)
-    wait_until(lambda: time.monotonic() - left >= 3.0, 5, poll_s=0.05)  # time for more audio, were it made
+    idle = time.monotonic()
+    wait_until(lambda: time.monotonic() - idle >= 2.0, 5, poll_s=0.05)  # time for more audio, were it made
     assert metric(http, "s1mini_audio_seconds_total") == stopped_at
     made = stopped_at - before
     assert 0 < made < 3000 * 2048 / 44100 / 4, f"{made:.1f} s of audio for a client that left"

@@ -44,6 +44,11 @@ def cluster(tmp_path_factory):
         "RAY_DEFAULT_OBJECT_STORE_MEMORY_PROPORTION": "0.01",
         "RAY_DEFAULT_OBJECT_STORE_MAX_MEMORY_BYTES": str(200 * 2**20),
         "RAY_USAGE_STATS_ENABLED": "0",
+        # Serve asks a replica its queue length before routing to it, within 0.1 s by default; a
+        # replica that answers later on a loaded 2-core machine would be skipped, a spill the
+        # routing tests would count.
+        "RAY_SERVE_QUEUE_LENGTH_RESPONSE_DEADLINE_S": "2",
+        "RAY_SERVE_MAX_QUEUE_LENGTH_RESPONSE_DEADLINE_S": "5",
     }
     server = ClusterServer(tmp_path_factory.mktemp("cluster"), "--replicas", "2", "--device", "cpu", "--no-compile",
                            "--no-ui", "--max-batch-size", str(SLOTS), env=env)

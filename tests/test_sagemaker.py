@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 
 import httpx
 import ormsgpack
@@ -172,11 +173,13 @@ def test_ping_is_503_with_retry_after_until_the_model_is_ready(tmp_path):
     thread.start()
     try:
         url = f"http://127.0.0.1:{port}/ping"
-        for _ in range(200):  # until uvicorn is listening
+        deadline = time.monotonic() + 60
+        while True:  # until uvicorn is listening
             try:
                 r = httpx.get(url, timeout=2)
                 break
             except httpx.TransportError:
+                assert time.monotonic() < deadline, "the server did not start listening in 60 s"
                 threading.Event().wait(0.05)
         assert r.status_code == 503 and r.headers["retry-after"] == "5"
         assert "loading" in error_message(r)
