@@ -88,6 +88,17 @@ def replica_requests(client) -> dict[str, float]:
             for labels, value in metric(client, "s1mini_replica_engine_requests").items()}
 
 
+def generating_replica(client) -> dict:
+    """/ready's entry of the one replica generating a request, once its report (every second) says so."""
+    deadline = time.monotonic() + WAIT_S
+    while time.monotonic() < deadline:
+        running = [r for r in ready(client)["replicas"] if r.get("running")]
+        if len(running) == 1:
+            return running[0]
+        time.sleep(0.2)
+    raise AssertionError("no single replica reported a running request")
+
+
 def settled_replica_requests(client) -> dict[str, float]:
     """replica_requests once the replicas' reports (every second) have caught up with earlier requests."""
     previous = replica_requests(client)
@@ -275,17 +286,13 @@ def test_streams_through_serve_and_a_killed_replica_is_replaced(cluster):
     new replica and /ready shows it."""
     server, client = cluster
     add_voice(client, "doomed")
-    before = settled_replica_requests(client)
-    assert speak(client, reference_id="doomed").status_code == 200
-    after = settled_replica_requests(client)
-    (victim_id,) = [r for r in after if after[r] > before.get(r, 0)]  # the voice's replica
-    (victim,) = [r for r in ready(client)["replicas"] if r["replica"] == victim_id]
-
     body = {"text": LONG_TEXT, "format": "wav", "streaming": True, "max_new_tokens": 4000, "reference_id": "doomed"}
     with client.stream("POST", "/v1/tts", json=body) as stream:
         assert stream.status_code == 200
         chunks = stream.iter_bytes()
         assert next(chunks)[:4] == b"RIFF"  # audio is flowing: the replica is generating the rest
+        victim = generating_replica(client)
+        victim_id = victim["replica"]
         os.kill(victim["pid"], signal.SIGKILL)
         with pytest.raises(httpx.HTTPError):
             for _ in chunks:
