@@ -28,7 +28,6 @@ VOICE_KEY_ARG = "voice_key"  # the keyword argument of engine calls that carries
 QUEUE_PROBE_DEADLINE_S = 0.2
 
 
-
 def voice_key(voice_id: str | None, clip_bytes: list[bytes]) -> str | None:
     """The routing key of a request: its saved voice (ids ignore case), else the content of its
     inline clips."""
