@@ -20,6 +20,7 @@ from loguru import logger
 from .references import ReferenceCodeCache
 from .request import ReferenceClip
 from .runtime.reference_encoder import EncodeHandle, ReferenceEncoder
+from .runtime.worker import Job
 
 ENCODE_POLL_S = 0.001  # how often an otherwise idle worker checks whether an encode has finished
 
@@ -74,6 +75,30 @@ class VoiceWaiter(Protocol):
     def try_start(self) -> bool: ...  # starts once every encode is ready; raises an encode's error
 
     def fail(self, exc: BaseException) -> None: ...
+
+
+class CodesWaiter:
+    """A clip's codes asked for by themselves (the codec's encode endpoint), not as a request's
+    voice: a VoiceWaiter that emits them to its job and finishes it."""
+
+    def __init__(self, codes: torch.Tensor | ClipEncode, job: Job):
+        self._codes, self.job = codes, job
+
+    @property
+    def encodes(self) -> list[ClipEncode]:
+        return [self._codes] if isinstance(self._codes, ClipEncode) else []
+
+    def try_start(self) -> bool:
+        """Emit the codes once they are there (raising the encode's error); False until then."""
+        if any(not encode.ready() for encode in self.encodes):
+            return False
+        codes = self._codes.result().clone() if self.encodes else self._codes  # the cache keeps the result
+        self.job.emit(codes)
+        self.job.finish()
+        return True
+
+    def fail(self, exc: BaseException) -> None:
+        self.job.finish(exc)
 
 
 class ClipEncodeQueue:

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from loguru import logger
 
-from .clip_encodes import ClipEncode, ClipEncodeQueue
+from .clip_encodes import ClipEncode, ClipEncodeQueue, CodesWaiter
 from .compilation import CompilePolicy
 from .compile_helpers import CompileHelpers
 from .config import EngineConfig
@@ -30,7 +30,7 @@ from .device import copy_may_overlap
 from .errors import InputError
 from .loader import LoadedModels
 from .references import ReferenceCodeCache
-from .request import AudioChunk, PreparedRequest
+from .request import AudioChunk, PreparedRequest, ReferenceClip
 from .runtime.codec_runner import CodecRunner, set_up_codec
 from .runtime.decode_loop import DecodeLoop
 from .runtime.graph_capture import GraphCapture, use_high_priority_stream
@@ -115,11 +115,20 @@ class EngineCore:
         else:
             self.clip_encodes.await_voice(run)
 
+    def encode(self, clip: ReferenceClip, job: Job) -> None:
+        """On the worker thread: emit a clip's codes to `job` and finish it, at once when cached, else
+        once a later step finds its encode done (one encode with any request bringing the same clip);
+        the running sequences decode meanwhile."""
+        waiter = CodesWaiter(self.clip_encodes.codes(clip), job)
+        if not waiter.try_start():
+            self.clip_encodes.await_voice(waiter)
+
     def step(self) -> bool:
         """One engine step; True while work remains."""
         if self.clip_encodes.busy:
             for run in self.clip_encodes.poll(idle=not (self.scheduler.busy or self.codec_runner.pending)):
-                self._submit(run)
+                if isinstance(run, RequestRun):  # a CodesWaiter is done once started
+                    self._submit(run)
         if self.scheduler.needs_capture:
             self.capture_more(up_to=self.scheduler.demand)  # captures once drained for it (see Scheduler)
         harvests = []

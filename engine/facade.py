@@ -181,9 +181,9 @@ class TTSEngine:
         content like every reference clip's."""
         samples, key = self._decoded_clips.get(audio)
         codes = self.reference_cache.cached_copy(key)
-        if codes is None:
-            codes = self._worker.call(lambda: self._core.reference_encoder.encode(samples))
-            self.reference_cache.put(key, codes)
+        if codes is None:  # waited for here: the worker goes on stepping the running requests
+            clip = ReferenceClip(samples, transcript="", key=key)
+            codes = next(iter(self._worker.submit(lambda job: self._core.encode(clip, job)).results()))
         return codes.numpy()
 
     def decode_codes(self, codes) -> np.ndarray:

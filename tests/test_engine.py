@@ -500,6 +500,36 @@ def test_requests_run_while_a_new_voice_encodes_and_one_encode_serves_every_requ
     assert eng.synthesize("Voiced again.", references=[ref], params=FAST).audio.size and len(starts) == 1
 
 
+def test_codes_asked_for_alone_wait_beside_the_running_requests_and_share_the_clips_encode(fresh_engine, speech,
+                                                                                            monkeypatch):
+    """encode_codes (/v1/vqgan/encode) waits for its clip off the GPU worker, which goes on running
+    requests; a request bringing the same clip meanwhile shares its one encode."""
+    eng = fresh_engine
+    released, starts = hold_encodes(eng, monkeypatch)
+    wav = speech.wav().read_bytes()
+    codes = in_background(eng.encode_codes, wav)
+    wait_for(lambda: starts)  # the clip's encode has started
+    voiced = in_background(eng.synthesize, "Voiced.", references=[ReferenceInput(wav, "The quick brown fox.")],
+                           params=FAST)
+    unvoiced = eng.synthesize("No voice meanwhile.", params=FAST)  # the worker did not wait for the encode
+    assert len(unvoiced.audio) > 0 and not codes.done() and not voiced.done()
+    released.set()
+    result = codes.result(timeout=60)
+    assert len(voiced.result(timeout=120).audio) > 0 and len(starts) == 1
+    assert result.shape[0] == eng.models.codec.config.num_codebooks and result.shape[1] > 0
+    np.testing.assert_array_equal(eng.encode_codes(wav), result)  # from the cache: no second encode
+    assert len(starts) == 1
+
+
+def test_a_failed_encode_of_codes_alone_fails_that_call_and_the_worker_carries_on(fresh_engine, speech, monkeypatch):
+    eng = fresh_engine
+    hold_encodes(eng, monkeypatch, fail_on=1)[0].set()
+    with pytest.raises(RuntimeError, match="encoder out of order"):
+        eng.encode_codes(speech.wav().read_bytes())
+    assert len(eng.synthesize("Still here.", params=FAST).audio) > 0
+    assert eng.encode_codes(speech.wav().read_bytes()).shape[1] > 0  # the next encode of it runs
+
+
 def test_a_request_waiting_for_its_voice_survives_a_failed_decode_step(fresh_engine, speech, monkeypatch):
     eng = fresh_engine
     released, starts = hold_encodes(eng, monkeypatch)
