@@ -67,7 +67,7 @@ def start_batch(encoder: ReferenceEncoder, batch: list[ClipEncode]) -> None:
 
 
 class VoiceWaiter(Protocol):
-    """A request waiting for its clips' codes (core.RequestRun)."""
+    """A request waiting for its clips' codes (core.RequestRun), or a CodesWaiter."""
 
     @property
     def encodes(self) -> list[ClipEncode]: ...  # its clips' encodes still to finish
