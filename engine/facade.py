@@ -183,7 +183,7 @@ class TTSEngine:
         codes = self.reference_cache.cached_copy(key)
         if codes is None:  # waited for here: the worker goes on stepping the running requests
             clip = ReferenceClip(samples, transcript="", key=key)
-            codes = next(iter(self._worker.submit(lambda job: self._core.encode(clip, job)).results()))
+            codes = self._worker.first_result(lambda job: self._core.encode(clip, job))
         return codes.numpy()
 
     def decode_codes(self, codes) -> np.ndarray:

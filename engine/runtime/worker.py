@@ -113,6 +113,10 @@ class GPUWorker:
             job.emit(fn())
             job.finish()
 
+        return self.first_result(work)
+
+    def first_result(self, work: Callable[[Job], None]) -> Any:
+        """Submit `work` and wait for the first item it emits, at once or from a later engine step."""
         return next(iter(self.submit(work).results()))
 
     def when_idle(self, work: Callable[[], bool]) -> None:
