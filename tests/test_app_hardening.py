@@ -21,6 +21,7 @@ import pytest
 
 from engine.voice_store import VoiceStore
 from tests.test_app_support import FAST, ROOT, DemoServer, assert_audio, error_message, reference_clip_wav
+from tests.waiting import wait_until
 
 KEY = "hardening-key-8d1f0c"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -218,7 +219,7 @@ def test_a_client_that_leaves_a_non_streaming_request_stops_its_work(http, serve
     def engine_idle():
         return metric(http, "s1mini_requests_running") == 0 and metric(http, "s1mini_requests_waiting") == 0
 
-    wait_until(engine_idle, 60)
+    wait_until(engine_idle, "the engine idle")
     before = metric(http, "s1mini_audio_seconds_total")
     text = "This request asks for far more audio than anyone will wait for. " * 4
     body = json.dumps({field: text if field == "text" else [text], "max_new_tokens": 3000, "chunk_length": 300,
@@ -227,22 +228,14 @@ def test_a_client_that_leaves_a_non_streaming_request_stops_its_work(http, serve
     client = socket.create_connection(("127.0.0.1", port))
     client.sendall(f"POST {path} HTTP/1.1\r\n".encode() + b"Host: test\r\nContent-Type: application/json\r\n"
                    + f"Authorization: Bearer {KEY}\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
-    wait_until(lambda: metric(http, "s1mini_audio_seconds_total") > before, 60)  # the audio is flowing
+    wait_until(lambda: metric(http, "s1mini_audio_seconds_total") > before, "the audio flowing")
     client.close()
-    wait_until(engine_idle, 30)  # the chunk in hand when the client left may still be counted until then
+    wait_until(engine_idle, "the engine idle", 30)  # the chunk in hand when the client left may still be counted until then
     stopped_at = metric(http, "s1mini_audio_seconds_total")
-    idle = time.monotonic()
-    wait_until(lambda: time.monotonic() - idle >= 2.0, 5, poll_s=0.05)  # time for more audio, were it made
+    time.sleep(2.0)  # time for more audio, were it made
     assert metric(http, "s1mini_audio_seconds_total") == stopped_at
     made = stopped_at - before
     assert 0 < made < 3000 * 2048 / 44100 / 4, f"{made:.1f} s of audio for a client that left"
-
-
-def wait_until(condition, timeout_s: float, poll_s: float = 0.1):
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        time.sleep(poll_s)
 
 
 # ---- documentation ------------------------------------------------------------------------------
@@ -329,7 +322,8 @@ def test_a_server_killed_while_adding_voices_restarts_clean(tmp_path):
 
         adder = threading.Thread(target=keep_adding, daemon=True)
         adder.start()
-        wait_until(lambda: any(p.name.startswith(".adding-") for p in voices.iterdir()), 120, poll_s=0.005)
+        wait_until(lambda: any(p.name.startswith(".adding-") for p in voices.iterdir()), "a voice being added", 120,
+                   poll_s=0.005)
         first.process.kill()  # SIGKILL: no clean-up of any kind
         first.process.wait(timeout=30)
         adder.join(timeout=60)

@@ -21,6 +21,7 @@ import soundfile as sf
 pytest.importorskip("ray.serve")
 
 from tests.test_app_support import ONE_FRAME_S, DemoServer, assert_audible, decode, error_message  # noqa: E402
+from tests.waiting import wait_until  # noqa: E402
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -54,8 +55,8 @@ def cluster(tmp_path_factory):
                            "--no-ui", "--max-batch-size", str(SLOTS), env=env)
     with server:
         with httpx.Client(base_url=server.url, timeout=WAIT_S) as client:
-            wait_until(lambda: client.get("/ready").status_code == 200 and ready(client)["replicas_ready"] == 2,
-                       "two replicas ready", server)
+            wait_for(lambda: client.get("/ready").status_code == 200 and ready(client)["replicas_ready"] == 2,
+                     "two replicas ready", server)
             yield server, client
 
 
@@ -64,13 +65,9 @@ def ready(client) -> dict:
     return answer.json() if answer.status_code == 200 else {"replicas_ready": 0, "replicas": []}
 
 
-def wait_until(condition, what: str, server=None, timeout: float = WAIT_S):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"not within {timeout} s: {what}\n{server.log_tail() if server else ''}")
+def wait_for(condition, what: str, server, timeout_s: float = WAIT_S) -> None:
+    """wait_until polling the cluster gently, with the server's log on failure."""
+    wait_until(condition, what, timeout_s, poll_s=0.2, detail=server.log_tail)
 
 
 def metric(client, name: str) -> dict[str, float]:
@@ -96,7 +93,7 @@ def generating_replica(client, server) -> dict:
         running[:] = [r for r in ready(client)["replicas"] if r.get("running")]
         return len(running) == 1
 
-    wait_until(one_running, "one replica reporting the running request", server)
+    wait_for(one_running, "one replica reporting the running request", server)
     return running[0]
 
 
@@ -160,7 +157,7 @@ def test_concurrent_requests_all_succeed_on_both_replicas(cluster):
         served = {r: after.get(r, 0) - before.get(r, 0) for r in after}
         return sum(served.values()) >= requests and all(n > 0 for n in served.values()) and len(served) == 2
 
-    wait_until(both_served, "both replicas' engines counting the requests", server)
+    wait_for(both_served, "both replicas' engines counting the requests", server)
 
 
 def test_one_voice_stays_on_one_replica_until_it_is_saturated(cluster):
@@ -180,7 +177,7 @@ def test_one_voice_stays_on_one_replica_until_it_is_saturated(cluster):
         served = sorted(after.get(r, 0) - before.get(r, 0) for r in after)
         return served == [0, 4]
 
-    wait_until(on_one_replica, "the four requests counted on one replica", server)
+    wait_for(on_one_replica, "the four requests counted on one replica", server)
     assert metric(client, "s1mini_voice_routing_hit_ratio")[""] > 0
 
 
@@ -253,10 +250,10 @@ def test_a_full_cluster_answers_429_with_retry_after(cluster):
     with ThreadPoolExecutor(places) as holding, ThreadPoolExecutor(places + 2) as pool:
         holds = [holding.submit(hold, i) for i in range(places)]
         try:
-            wait_until(lambda: engines_full(client), "every replica's slots and queue taken", server)
+            wait_for(lambda: engines_full(client), "every replica's slots and queue taken", server)
             # Serve's queue takes `places` of these; the two it has no room for are refused at once.
             burst = [pool.submit(speak, client, seed=i, streaming=True) for i in range(places + 2)]
-            wait_until(lambda: sum(f.done() for f in burst) >= 2, "two requests past Serve's queue answered", server)
+            wait_for(lambda: sum(f.done() for f in burst) >= 2, "two requests past Serve's queue answered", server)
             refused = [f.result() for f in burst if f.done()]
             # With Serve's queue full, whole requests are refused too, on both APIs.
             whole = speak(client, streaming=False)
@@ -306,5 +303,5 @@ def test_streams_through_serve_and_a_killed_replica_is_replaced(cluster):
         replicas = {r["replica"] for r in ready(client)["replicas"]}
         return len(replicas) == 2 and victim_id not in replicas
 
-    wait_until(replaced, "Serve replacing the killed replica", server, timeout=240)
+    wait_for(replaced, "Serve replacing the killed replica", server, timeout_s=240)
     assert speak(client).status_code == 200

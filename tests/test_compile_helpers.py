@@ -20,6 +20,7 @@ from loguru import logger
 from engine import compile_helper_process, compile_helpers, compiled_regions
 from engine.compile_helpers import PARTS, CompileHelpers, spawn
 from engine.config import EngineConfig
+from tests.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -58,9 +59,7 @@ def test_the_report_tells_when_the_helper_ended_and_when_the_engine_went_on(log_
     process, log = python("pass")
     helpers = CompileHelpers({"prefill": (process, log)})
     process.wait(60)
-    deadline = time.monotonic() + 10
-    while "prefill" not in helpers._ended and time.monotonic() < deadline:  # its end noted
-        time.sleep(0.01)
+    wait_until(lambda: "prefill" in helpers._ended, "the helper's end noted", 10)
     time.sleep(1.5)  # the engine goes on well after the helper ended, however slowly the helper started
     helpers.wait("prefill")
     [line] = [line for line in log_lines if "graphs ended" in line]

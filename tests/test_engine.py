@@ -5,7 +5,6 @@ import shutil
 import subprocess
 import sys
 import threading
-import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
@@ -21,6 +20,7 @@ from engine.facade import ReferenceInput, TTSEngine
 from engine.params import SamplingParams
 from engine.runtime.reference_encoder import EncodeHandle
 from engine.text.splitter import split_text
+from tests.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 FAST = SamplingParams(max_new_tokens=12, seed=7)
@@ -456,13 +456,6 @@ def worker_iterations(eng, count: int = 2) -> None:
         eng._worker.call(lambda: None)
 
 
-def wait_for(condition, timeout=60.0):
-    deadline = time.monotonic() + timeout
-    while not condition() and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert condition()
-
-
 def test_the_engine_sets_the_gil_switch_interval_its_config_names(tmp_path):
     before = sys.getswitchinterval()
     try:
@@ -490,7 +483,7 @@ def test_requests_run_while_a_new_voice_encodes_and_one_encode_serves_every_requ
     released, starts = hold_encodes(eng, monkeypatch)
     ref = ReferenceInput(speech.wav().read_bytes(), "The quick brown fox.")
     voiced = [in_background(eng.synthesize, f"Voiced {i}.", references=[ref], params=FAST) for i in range(2)]
-    wait_for(lambda: starts)  # the clip's encode has started
+    wait_until(lambda: starts, "the clip's encode started")
     unvoiced = eng.synthesize("No voice meanwhile.", params=FAST)  # not held up by the encode
     assert len(unvoiced.audio) > 0 and not any(f.done() for f in voiced)
     released.set()
@@ -508,7 +501,7 @@ def test_codes_asked_for_alone_wait_beside_the_running_requests_and_share_the_cl
     released, starts = hold_encodes(eng, monkeypatch)
     wav = speech.wav().read_bytes()
     codes = in_background(eng.encode_codes, wav)
-    wait_for(lambda: starts)  # the clip's encode has started
+    wait_until(lambda: starts, "the clip's encode started")
     voiced = in_background(eng.synthesize, "Voiced.", references=[ReferenceInput(wav, "The quick brown fox.")],
                            params=FAST)
     unvoiced = eng.synthesize("No voice meanwhile.", params=FAST)  # the worker did not wait for the encode
@@ -542,7 +535,7 @@ def test_a_request_waiting_for_its_voice_survives_a_failed_decode_step(fresh_eng
 
     ref = ReferenceInput(speech.wav().read_bytes(), "The quick brown fox.")
     voiced = in_background(eng.synthesize, "Voiced.", references=[ref], params=FAST)
-    wait_for(lambda: starts)
+    wait_until(lambda: starts, "the clip's encode started")
     monkeypatch.setattr(runner, "step", failing_step)
     with pytest.raises(RuntimeError, match="injected"):
         eng.synthesize("Fails in the step.", params=FAST)
@@ -568,7 +561,7 @@ def test_with_max_encode_batch_1_new_voices_encode_one_at_a_time(one_at_a_time_e
     released, starts = hold_encodes(eng, monkeypatch)
     refs = _distinct_clips(speech, (1.0, 0.8, 0.6))
     voiced = [in_background(eng.synthesize, f"Voiced {i}.", references=[ref], params=FAST) for i, ref in enumerate(refs)]
-    wait_for(lambda: len(eng._core.clip_encodes._encoding) == len(refs))  # all asked for
+    wait_until(lambda: len(eng._core.clip_encodes._encoding) == len(refs), "every clip asked for")
     worker_iterations(eng)
     assert len(starts) == 1  # one runs, the others wait for it
     released.set()
@@ -594,10 +587,10 @@ def test_new_voices_that_arrive_while_a_batch_encodes_encode_together_by_length(
     long = np.resize(samples, 3 * chunk)  # three chunks: another length bucket
     refs = [ReferenceInput((rate, clip), "The quick brown fox.") for clip in [*short, long]]
     voiced = [in_background(eng.synthesize, "Voiced first.", references=[refs[0]], params=FAST)]
-    wait_for(lambda: starts)
+    wait_until(lambda: starts, "the clip's encode started")
     voiced += [in_background(eng.synthesize, f"Voiced {i}.", references=[ref], params=FAST)
                for i, ref in enumerate(refs[1:])]
-    wait_for(lambda: len(eng._core.clip_encodes._encoding) == len(refs))  # all asked for
+    wait_until(lambda: len(eng._core.clip_encodes._encoding) == len(refs), "every clip asked for")
     worker_iterations(eng)
     assert len(starts) == 1 and len(starts[0]) == 1  # the first alone; the others wait for it
     released.set()
@@ -615,15 +608,15 @@ def test_a_clip_whose_encode_fails_to_start_after_waiting_fails_only_its_request
     released, starts = hold_encodes(eng, monkeypatch, fail_on=2)
     first, second = _distinct_clips(speech, (1.0, 0.5))
     ok = in_background(eng.synthesize, "First voice.", references=[first], params=FAST)
-    wait_for(lambda: len(starts) == 1)
+    wait_until(lambda: len(starts) == 1, "the first clip's encode started")
     doomed = [in_background(eng.synthesize, f"Second voice {i}.", references=[second], params=FAST) for i in range(2)]
-    wait_for(lambda: len(encodes._encoding) == 2 and len(encodes._awaiting) == 3)  # the second clip waits its turn
+    wait_until(lambda: len(encodes._encoding) == 2 and len(encodes._awaiting) == 3, "the second clip waiting its turn")
     released.set()  # the first encode finishes; the second one's start then fails
     assert len(ok.result(timeout=120).audio) > 0
     for future in doomed:
         with pytest.raises(RuntimeError, match="encoder out of order"):
             future.result(timeout=120)
-    wait_for(lambda: not encodes._encoding and not encodes._awaiting)
+    wait_until(lambda: not encodes._encoding and not encodes._awaiting, "no clip left")
     assert len(eng.synthesize("Second voice again.", references=[second], params=FAST).audio) > 0  # not stuck
 
 
@@ -632,13 +625,13 @@ def test_a_queued_clip_whose_requests_all_went_away_is_not_encoded(fresh_engine,
     released, starts = hold_encodes(eng, monkeypatch)
     first, second = _distinct_clips(speech, (1.0, 0.5))
     ok = in_background(eng.synthesize, "First voice.", references=[first], params=FAST)
-    wait_for(lambda: len(starts) == 1)
+    wait_until(lambda: len(starts) == 1, "the first clip's encode started")
     stream = eng.synthesize_stream("Second voice.", references=[second], params=FAST)
     reader = in_background(next, stream, None)
-    wait_for(lambda: len(encodes._awaiting) == 2)
+    wait_until(lambda: len(encodes._awaiting) == 2, "both requests waiting for their voices")
     next(run for run in encodes._awaiting if run.request.chunks == ["Second voice."]).job.cancel()
-    wait_for(lambda: len(encodes._awaiting) == 1 and len(encodes._encoding) == 1)
+    wait_until(lambda: len(encodes._awaiting) == 1 and len(encodes._encoding) == 1, "the cancelled request gone")
     released.set()
     assert len(ok.result(timeout=120).audio) > 0 and reader.result(timeout=60) is None
-    wait_for(lambda: not encodes._encoding)
+    wait_until(lambda: not encodes._encoding, "no clip encoding")
     assert len(starts) == 1  # the second clip was never encoded

@@ -3,7 +3,6 @@
 import gc
 import random
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 
@@ -19,6 +18,7 @@ from engine.runtime.scheduler import BLOCK_SIZES
 from engine.runtime.worker import Job
 from engine.text.splitter import split_text
 from engine.core import RequestRun
+from tests.waiting import wait_until
 
 
 @pytest.fixture(scope="module", params=["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
@@ -41,13 +41,11 @@ def allocated(engine) -> int:
 
 
 def wait_idle(engine, timeout=30.0):
-    deadline = time.monotonic() + timeout
     synth = engine._core
     # Cancelled requests are finished at once, but audio already being decoded for them is still
     # delivered (and dropped): wait for the codec too.
-    while engine._worker.in_flight or synth.scheduler.busy or synth.codec_runner.pending:
-        assert time.monotonic() < deadline, f"engine still busy: {engine.stats()}"
-        time.sleep(0.01)
+    wait_until(lambda: not (engine._worker.in_flight or synth.scheduler.busy or synth.codec_runner.pending),
+               "the engine idle", timeout, detail=lambda: f"engine stats: {engine.stats()}")
 
 
 def reference_clip(seconds=1.0):

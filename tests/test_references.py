@@ -4,7 +4,6 @@ import hashlib
 import os
 import sys
 import threading
-import time
 
 import numpy as np
 import pytest
@@ -23,6 +22,7 @@ from engine.references import (
 )
 from engine.voice_store import VoiceStore
 from tests.audio_samples import SpeechClips
+from tests.waiting import wait_until
 
 
 def clip(seed: int, seconds: float = 1.0) -> np.ndarray:
@@ -155,10 +155,7 @@ def test_unwritable_cache_dir_still_serves(tmp_path):
 
 
 def wait_for_trims(cache: ReferenceCodeCache, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while cache._trimming.is_set():
-        assert time.monotonic() < deadline, "the cache's trim did not finish"
-        time.sleep(0.01)
+    wait_until(lambda: not cache._trimming.is_set(), "the cache's trim finished", timeout)
 
 
 def test_the_disk_cache_stays_under_its_bound_dropping_the_least_recently_used(tmp_path):

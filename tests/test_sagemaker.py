@@ -10,7 +10,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 
 import httpx
 import ormsgpack
@@ -24,6 +23,7 @@ from app.settings import AppSettings
 from app.errors import HTTPProblem
 from engine.voice_store import VoiceStore
 from tests.test_app_support import FAST, ROOT, SAMPLE_RATE, DemoServer, assert_audio, decode_pcm16, error_message, free_port
+from tests.waiting import wait_until
 
 KEY = "sagemaker-test-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -173,14 +173,8 @@ def test_ping_is_503_with_retry_after_until_the_model_is_ready(tmp_path):
     thread.start()
     try:
         url = f"http://127.0.0.1:{port}/ping"
-        deadline = time.monotonic() + 60
-        while True:  # until uvicorn is listening
-            try:
-                r = httpx.get(url, timeout=2)
-                break
-            except httpx.TransportError:
-                assert time.monotonic() < deadline, "the server did not start listening in 60 s"
-                threading.Event().wait(0.05)
+        wait_until(lambda: server.started, "uvicorn listening")
+        r = httpx.get(url, timeout=5)
         assert r.status_code == 503 and r.headers["retry-after"] == "5"
         assert "loading" in error_message(r)
         engine.is_ready = True
