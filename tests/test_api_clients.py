@@ -6,7 +6,6 @@ answer is decoded back and checked (sample rate, length, not silent)."""
 from __future__ import annotations
 
 import base64
-import io
 import json
 import re
 import threading
@@ -16,7 +15,6 @@ import numpy as np
 import openai
 import ormsgpack
 import pytest
-import soundfile as sf
 from fish_audio_sdk import Session
 from fish_audio_sdk import TTSRequest as LegacyTTSRequest
 from fishaudio import FishAudio

@@ -19,7 +19,6 @@ from engine.model.codec_transformer import WindowLimitedTransformer, layer_forwa
 from engine.model.codec_config import CodecConfig
 from engine.model.codec_stream import StreamingDecoder, StreamingEncoder, decode_chunked, encode_chunked
 from engine.model.codec_streamers import compiled_layer_forward
-from engine.runtime.cuda_graphs import capture
 from codec_codes import NEAR_TIE, assert_same_codes_but_near_ties, vq_margins
 
 T = 120  # frames: longer than every window and receptive field of the test codecs
@@ -625,8 +624,6 @@ def test_a_batch_of_clips_gives_each_clip_the_codes_it_gets_alone(fixture_codec)
 
 
 def test_streaming_encoder_takes_whole_frames_only(fixture_codec):
-    from engine.model.codec_stream import StreamingEncoder
-
     frame_length = fixture_codec.config.frame_length
     encoder = StreamingEncoder(fixture_codec)
     with pytest.raises(ValueError, match="whole frames"):

@@ -28,7 +28,7 @@ from .codec_convs import (
     matmuls_round_like_convs,
     weight_norm,
 )
-from .codec_transformer import LayerWeights, WindowLimitedTransformer, layer_forward, layer_weights
+from .codec_transformer import WindowLimitedTransformer, layer_forward, layer_weights
 from .layers import PLAN_FREE_ATTENTION, rope_table
 from .stream_state import Rows, conv_weight, new_state, read_rows, write_rows, zero_rows
 from .tuned_conv import ShapeTunedConv1d
