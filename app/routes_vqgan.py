@@ -4,7 +4,9 @@ then base64-encoded)."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
+from functools import partial
 
 import numpy as np
 from fastapi import APIRouter, Request
@@ -50,7 +52,9 @@ def build_router(engine) -> APIRouter:
     async def encode(request: Request):
         """Answers `{"tokens": [[[int]]]}`: per file, one row of codes per codebook (~21.5 frames per second)."""
         req = await read_body(request, VQGANEncodeRequest)
-        tokens = [(await call_in_thread(lambda: engine.encode_codes(audio))).tolist() for audio in req.audios]
+        # Handed to the engine together, so that the new clips share the encoder's batched passes.
+        codes = await asyncio.gather(*(call_in_thread(partial(engine.encode_codes, audio)) for audio in req.audios))
+        tokens = [c.tolist() for c in codes]
         return negotiated(request, {"tokens": tokens})
 
     @router.post(

@@ -142,6 +142,28 @@ def test_batch_reports_engine_errors_per_item(tmp_path):
     assert [i["error"]["status"] for i in items] == [429, 429]
 
 
+def test_the_files_of_one_codec_encode_are_encoded_together_and_answered_in_order(tmp_path):
+    """/v1/vqgan/encode hands its files to the engine at once, so that their new clips share the
+    encoder's batched passes instead of each waiting for the one before."""
+    import base64
+    import threading
+
+    import numpy as np
+
+    all_asked = threading.Barrier(3, timeout=10)
+
+    class Encoding(FailingEngine):
+        def encode_codes(self, audio):
+            all_asked.wait()  # breaks, failing the request, unless the three calls overlap
+            return np.full((10, 2), len(audio))
+
+    client = TestClient(create_app(Encoding(tmp_path, ValueError()), AppSettings()), raise_server_exceptions=False)
+    files = [base64.b64encode(b"x" * n).decode() for n in (1, 2, 3)]
+    r = client.post("/v1/vqgan/encode?format=json", json={"audios": files})
+    assert r.status_code == 200, r.text
+    assert [codes[0][0] for codes in r.json()["tokens"]] == [1, 2, 3]
+
+
 def test_system_tab_says_while_larger_batches_are_still_being_captured(tmp_path):
     from app.ui_handlers import Handlers
 
