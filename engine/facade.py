@@ -120,9 +120,10 @@ class TTSEngine:
     # ---- synthesis ----------------------------------------------------------------------------
 
     def synthesize_stream(self, text: str, *, references: Sequence[ReferenceInput] = (), voice: str | None = None,
-                          params: SamplingParams | None = None) -> Iterator[np.ndarray]:
-        """Yield float32 audio chunks as they are produced (one per text chunk)."""
-        for chunk in self._stream_chunks(text, references, voice, params, stats={}):
+                          params: SamplingParams | None = None, stats: dict | None = None) -> Iterator[np.ndarray]:
+        """Yield float32 audio chunks as they are produced (one per text chunk). `stats`, when given,
+        gets the request's figures as the stream ends, as SynthesisResult.stats has them."""
+        for chunk in self._stream_chunks(text, references, voice, params, stats={} if stats is None else stats):
             yield chunk.samples
 
     def synthesize(self, text: str, *, references: Sequence[ReferenceInput] = (), voice: str | None = None,

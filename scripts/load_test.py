@@ -127,8 +127,9 @@ class ServerTarget:
         if response.status_code != 200:
             raise SystemExit(f"could not save voice {voice}: {response.status_code} {response.text[:300]}")
 
-    def stream(self, body: bytes):
-        """Seconds of audio in each read of the streamed answer."""
+    def stream(self, body: bytes, stats: dict):
+        """Seconds of audio in each read of the streamed answer (`stats`: the engine's figures, which
+        only an engine in this process gives)."""
         with self.client.stream("POST", "/v1/tts", content=body, headers={"Content-Type": "application/json"}) as response:
             if response.status_code != 200:
                 raise RequestFailed(response.status_code, response.read().decode(errors="replace")[:200])
@@ -149,7 +150,8 @@ class EngineTarget:
             self.engine.voices.delete(voice)
         self.engine.voices.add(voice, clip, transcript)
 
-    def stream(self, body: bytes):
+    def stream(self, body: bytes, stats: dict):
+        """As ServerTarget.stream; `stats` gets the engine's figures of the request as it ends."""
         from app.api_schema import TTSRequest
         from app.body import validate
         from app.errors import problem_for
@@ -157,7 +159,7 @@ class EngineTarget:
 
         try:
             request = validate(TTSRequest, json.loads(body))  # as the server reads a JSON body
-            for chunk in self.engine.synthesize_stream(request.text, params=request.sampling_params(),
+            for chunk in self.engine.synthesize_stream(request.text, params=request.sampling_params(), stats=stats,
                                                        **Voice.of(request).engine_kwargs()):
                 if len(chunk):
                     yield len(chunk) / self.engine.sample_rate
@@ -169,9 +171,9 @@ class EngineTarget:
 def one_request(target, n: int, body: bytes) -> dict:
     """body: encoded_body(n, ...), made before the clock starts (a client has its clip ready; made
     here, 64 threads synthesising and encoding 1.2 MB clips at once delayed their own requests)."""
-    started, arrivals = time.perf_counter(), []
+    started, arrivals, stats = time.perf_counter(), [], {}
     try:
-        for seconds in target.stream(body):
+        for seconds in target.stream(body, stats):
             arrivals.append((time.perf_counter(), seconds))
     except RequestFailed as exc:
         return {"n": n, "status": exc.status, "error": exc.message}
@@ -179,7 +181,10 @@ def one_request(target, n: int, body: bytes) -> dict:
         return {"n": n, "status": None, "error": repr(exc)}
     # Each read's arrival (s after the request) and audio (s): where a listener would have waited.
     timeline = [[round(at - started, 4), round(seconds, 4)] for at, seconds in arrivals]
-    return {"n": n, "status": 200, **stream_record(started, arrivals), "arrivals": timeline}
+    record = {"n": n, "status": 200, **stream_record(started, arrivals), "arrivals": timeline}
+    if "timeline_ms" in stats:  # the engine's stages until the first audio (in process)
+        record["stages_ms"] = {stage: round(ms, 2) for stage, ms in stats["timeline_ms"].items()}
+    return record
 
 
 def run_level(target, clients: int, args, offset: int) -> dict:
@@ -407,6 +412,10 @@ def run_levels(target, args, levels: list[int]) -> list[dict]:
         print("      TTFA p50 / p95 by voice: " + ", ".join(
             f"{kind} {summary['ttfa_ms_p50']:.0f} / {summary['ttfa_ms_p95']:.0f} ms"
             for kind, summary in s["by_voice"].items() if summary))
+        for kind, summary in s["by_voice"].items():
+            if summary.get("stages_ms"):
+                print(f"      {kind} until the first audio, ms p50 / p95: " + ", ".join(
+                    f"{stage} {p['p50']:.0f} / {p['p95']:.0f}" for stage, p in summary["stages_ms"].items()))
     return results
 
 

@@ -55,7 +55,16 @@ def level_summary(ok: list[dict]) -> dict:
             "rtf_max": slowest["rtf"], "rtf_max_audio_s": slowest["audio_s"],
             "faster_than_real_time": sum(r["rtf"] < 1 for r in ok),
             "underrun_s_max": max(r["underrun_s"] for r in ok),
-            "streams_with_underrun": sum(r["underrun_s"] > 0.01 for r in ok)}
+            "streams_with_underrun": sum(r["underrun_s"] > 0.01 for r in ok),
+            **({"stages_ms": stage_summary(ok)} if all("stages_ms" in r for r in ok) else {})}
+
+
+def stage_summary(ok: list[dict]) -> dict:
+    """p50 and p95 of each engine stage until the first audio (the records' stages_ms, in stage order;
+    a stage a request skipped counts as 0 ms for it)."""
+    stages = list(dict.fromkeys(stage for r in ok for stage in r["stages_ms"]))
+    return {stage: {key: value for key, value in percentiles([r["stages_ms"].get(stage, 0.0) for r in ok]).items()
+                    if key in ("p50", "p95")} for stage in stages}
 
 
 def project_commit(root: Path = ROOT) -> str:

@@ -38,6 +38,7 @@ def test_load_test_drives_the_server_and_reports_each_level(tmp_path):
             body, kind = load_test.request_body(record["n"], args), load_test.voice_kind(record["n"])
             assert ("reference_id" in body, "references" in body) == {
                 "saved_voice": (True, False), "inline_clip": (False, True), "no_voice": (False, False)}[kind]
+        assert not any("stages_ms" in r for r in level["records"]) and "stages_ms" not in level  # over HTTP: none
         ran = {load_test.voice_kind(r["n"]) for r in level["records"]}
         assert {kind for kind, summary in level["by_voice"].items() if summary} == ran
         if level["streams"] == 3:
@@ -47,7 +48,7 @@ def test_load_test_drives_the_server_and_reports_each_level(tmp_path):
 
 
 def test_load_test_in_process_sends_the_same_requests_to_an_engine_here(tmp_path, monkeypatch):
-    from engine.facade import TTSEngine
+    from engine.facade import TIMELINE_STAGES, TTSEngine
 
     configs, frozen = [], []
     from_config = TTSEngine.from_config
@@ -69,6 +70,13 @@ def test_load_test_in_process_sends_the_same_requests_to_an_engine_here(tmp_path
     assert {load_test.voice_kind(r["n"]) for r in level["records"]} == set(load_test.VOICE_KINDS)
     for record in level["records"]:
         assert record["arrivals"] and abs(sum(s for _, s in record["arrivals"]) - record["audio_s"]) < 1e-3
+        # The engine's stages until the first audio, in order, within the client's wait for it.
+        assert list(record["stages_ms"]) == list(TIMELINE_STAGES)
+        assert all(ms >= 0 for ms in record["stages_ms"].values())
+        assert sum(record["stages_ms"].values()) <= record["ttfa_ms"] + 0.1
+    for kind, summary in level["by_voice"].items():
+        (record,) = [r for r in level["records"] if load_test.voice_kind(r["n"]) == kind]
+        assert {stage: p["p50"] for stage, p in summary["stages_ms"].items()} == pytest.approx(record["stages_ms"])
 
 
 def test_engine_options_without_in_process_are_refused():
