@@ -33,7 +33,9 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+SCRIPTS = Path(__file__).resolve().parent
+# The engine (--in-process), and this folder's options and reports shared with the other scripts.
+sys.path[:0] = [str(SCRIPTS.parent), str(SCRIPTS)]
 from reports import environment, level_summary, stream_record, write_reports  # noqa: E402
 from weight_options import add_weight_options, settle_weights, weight_config  # noqa: E402
 

@@ -2,6 +2,8 @@
 
 import gc
 import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -77,6 +79,18 @@ def test_load_test_in_process_sends_the_same_requests_to_an_engine_here(tmp_path
     for kind, summary in level["by_voice"].items():
         (record,) = [r for r in level["records"] if load_test.voice_kind(r["n"]) == kind]
         assert {stage: p["p50"] for stage, p in summary["stages_ms"].items()} == pytest.approx(record["stages_ms"])
+
+
+def test_the_script_runs_in_process_from_the_repository_as_documented(tmp_path):
+    """`python scripts/load_test.py --in-process ...` from the repository root, no PYTHONPATH."""
+    root = Path(__file__).resolve().parent.parent
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    run = subprocess.run([sys.executable, "scripts/load_test.py", "--in-process", "--weights", "demo", "--levels", "1",
+                          "--requests-per-client", "1", "--max-new-tokens", "4", "--reference-seconds", "1",
+                          "--cache-dir", str(tmp_path / "cache")], cwd=root, env=env, capture_output=True, text=True,
+                         timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "1 streams:" in run.stdout
 
 
 def test_engine_options_without_in_process_are_refused():
