@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import base64
 import json
-import re
 import threading
 
 import httpx
@@ -32,6 +31,7 @@ from tests.test_app_support import (
     assert_audible,
     decode_pcm16,
     reference_clip_wav,
+    requests_in_engine,
 )
 
 ORIGIN = "https://app.example"
@@ -87,15 +87,6 @@ def check_audio(data: bytes, rate: int, min_seconds: float = ONE_FRAME_S) -> np.
     return samples
 
 
-def requests_in_progress(http) -> float:
-    """Requests the engine has not finished, from /metrics: those waiting and the sequences decoding
-    (the ordering check of streams). Both: between two text chunks of a request, none of its
-    sequences decodes while the next one is admitted."""
-    text = http.get("/metrics").text
-    return sum(float(re.search(rf"^s1mini_requests_{state} (\S+)$", text, re.M).group(1))
-               for state in ("waiting", "running"))
-
-
 # ---- OpenAI SDK --------------------------------------------------------------------------------
 
 
@@ -122,14 +113,14 @@ def test_openai_pcm_is_24_khz_16_bit_mono(oa, http):
 
 
 @pytest.mark.parametrize("fmt", ["wav", "pcm", "mp3", "opus", "aac", "flac"])
-def test_openai_streaming_response_sends_audio_before_the_engine_finishes(oa, http, fmt):
+def test_openai_streaming_response_sends_audio_before_the_engine_finishes(oa, server, fmt):
     request = dict(model="tts-1", voice="alloy", input=LONG_TEXT, response_format=fmt,
                    extra_body={**FAST, "max_new_tokens": 48, "chunk_length": 100})
     pieces, in_progress_at_first = [], None
     with oa.audio.speech.with_streaming_response.create(**request) as response:
         for piece in response.iter_bytes():
             if in_progress_at_first is None:
-                in_progress_at_first = requests_in_progress(http)  # still generating: the first bytes came early
+                in_progress_at_first = requests_in_engine(server.url)  # still generating: the first bytes came early
             pieces.append(piece)
     assert in_progress_at_first >= 1, "the first bytes arrived only after the engine had finished"
     data = b"".join(pieces)
@@ -262,7 +253,7 @@ def test_fish_legacy_session_stream_receives_audio_before_the_end(server, http):
             assert r.status_code == 200
             for piece in r.iter_bytes():
                 if in_progress_at_first is None:
-                    in_progress_at_first = requests_in_progress(http)
+                    in_progress_at_first = requests_in_engine(server.url)
                 pieces.append(piece)
     assert in_progress_at_first >= 1
     check_audio(b"".join(pieces), SAMPLE_RATE, 2 * ONE_FRAME_S)

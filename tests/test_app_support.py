@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -98,6 +99,15 @@ def error_message(response: httpx.Response) -> str:
 
 
 # ---- audio --------------------------------------------------------------------------------------
+
+
+def requests_in_engine(url: str) -> float:
+    """The requests the engine at `url` holds, from /metrics: those waiting and those decoding. Both:
+    between two text chunks of a request none of its sequences decodes while the next one waits to
+    be admitted."""
+    metrics = httpx.get(f"{url}/metrics", timeout=30).text
+    return sum(float(re.search(rf"^s1mini_requests_{state} (\S+)$", metrics, re.M).group(1))
+               for state in ("waiting", "running"))
 
 
 def decode(data: bytes) -> tuple[np.ndarray, int]:

@@ -14,12 +14,11 @@ import shutil
 import zipfile
 from pathlib import Path
 
-import httpx
 import numpy as np
 import pytest
 import soundfile as sf
 
-from tests.test_app_support import DemoServer, assert_audio
+from tests.test_app_support import DemoServer, assert_audio, requests_in_engine
 from tests.waiting import wait_until
 
 CHROMIUM = os.environ.get("S1_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
@@ -353,14 +352,6 @@ def test_generate_says_it_is_busy_and_takes_no_second_click_meanwhile(page):
     assert_no_toast_or_error_pill(page)
 
 
-def requests_in_engine(server) -> float:
-    """The requests the engine holds, running or waiting: a long text's request runs chunk by chunk
-    and waits for a slot between its chunks."""
-    metrics = httpx.get(f"{server.url}/metrics", timeout=30).text
-    return sum(float(re.search(rf"^s1mini_requests_{state} (\S+)", metrics, re.M).group(1))
-               for state in ("running", "waiting"))
-
-
 def test_stop_ends_a_run_and_frees_the_engine(page, server):
     quick_settings(page, seed=1)
     speak(page, "An earlier text, whose file must not pass for the stopped run's.")
@@ -377,12 +368,12 @@ def test_stop_ends_a_run_and_frees_the_engine(page, server):
     expect(stop).to_be_visible(timeout=10_000)
     # The earlier file leaves when this run's audio starts to play (the player exists already).
     expect(page.locator("#speak-download")).to_be_hidden(timeout=GENERATION_TIMEOUT_MS)
-    assert requests_in_engine(server) == 1
+    assert requests_in_engine(server.url) == 1
     open_tab(page, "History")  # picking a row meanwhile enables Regenerate, which refuses to start a second run
     cell(page, "history-table", 0, 1).click()
     page.click("#regenerate")
     assert "A text is being spoken" in error_text(page, "history-error")
-    assert requests_in_engine(server) == 1
+    assert requests_in_engine(server.url) == 1
     open_tab(page, "Speak")
     stop.click()
     expect(page.locator("#generate")).to_be_enabled(timeout=GENERATION_TIMEOUT_MS)  # at the next chunk
@@ -391,7 +382,7 @@ def test_stop_ends_a_run_and_frees_the_engine(page, server):
     assert page.locator("#speak-stats").inner_text().strip() == "Stopped."
     expect(page.locator("#speak-download")).to_be_hidden()  # no file of the stopped run, nor of the earlier one
     # The engine stopped generating, not only the page.
-    wait_until(lambda: requests_in_engine(server) == 0, "the engine idle after the stop", 30, poll_s=0.2)
+    wait_until(lambda: requests_in_engine(server.url) == 0, "the engine idle after the stop", 30, poll_s=0.2)
     assert_no_toast_or_error_pill(page)
     speak(page, "Generate works again after a stop.")
     open_tab(page, "History")
