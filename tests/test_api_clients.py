@@ -87,6 +87,18 @@ def check_audio(data: bytes, rate: int, min_seconds: float = ONE_FRAME_S) -> np.
     return samples
 
 
+@pytest.mark.parametrize("fmt, rate", [("opus", 48000), ("mp3", 44100), ("aac", 44100), ("flac", 44100),
+                                       ("wav", 44100)])
+@pytest.mark.parametrize("streaming", [True, False])
+def test_one_frame_of_speech_comes_whole_in_every_format(http, fmt, rate, streaming):
+    """The shortest answer the demo model can give (it may end after any frame): a single frame
+    decodes to that frame's time, resampled where the format's rate differs."""
+    r = http.post("/v1/tts", json={"text": "One frame.", "format": fmt, "max_new_tokens": 1, "seed": 1,
+                                   "streaming": streaming})
+    assert r.status_code == 200, r.text
+    check_audio(r.content, rate)
+
+
 # ---- OpenAI SDK --------------------------------------------------------------------------------
 
 

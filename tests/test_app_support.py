@@ -122,8 +122,9 @@ def decode_pcm16(data: bytes) -> np.ndarray:
 
 
 def assert_audible(samples: np.ndarray, min_seconds: float, rate: int):
-    seconds = len(samples) / rate
-    assert seconds >= min_seconds, f"only {seconds:.3f} s of audio"
+    # In whole samples: audio resampled to another rate holds min_seconds rounded down (one frame,
+    # 2048 samples at 44.1 kHz, is 2229 at Opus's 48 kHz: 2.4 us short of the frame's time).
+    assert len(samples) >= int(min_seconds * rate), f"only {len(samples) / rate:.4f} s of audio"
     rms = float(np.sqrt(np.mean(samples.astype(np.float64) ** 2)))
     assert rms > 1e-3, f"audio is silent (rms {rms:.2e})"
 
