@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import base64
 import json
-import re
 import threading
 
 import httpx
@@ -23,6 +22,7 @@ from tests.test_app_support import (
     assert_audio,
     decode_pcm16,
     error_message,
+    metric_value,
     reference_clip_wav,
 )
 
@@ -568,29 +568,23 @@ def test_oversized_body_is_refused_with_413(http, path):
 # ---- metrics (after the requests above) -----------------------------------------------------------
 
 
-def _metric(text: str, name: str, labels: str = "") -> float:
-    match = re.search(rf"^{re.escape(name)}{re.escape(labels)} (\S+)$", text, re.MULTILINE)
-    assert match, f"{name}{labels} missing from /metrics"
-    return float(match.group(1))
-
-
 def test_metrics_count_requests_errors_and_audio(http):
-    before = _metric(http.get("/metrics").text, "s1mini_audio_seconds_total")
+    before = metric_value(http.get("/metrics").text, "s1mini_audio_seconds_total")
     assert tts(http).status_code == 200
     assert tts(http, temperature=9).status_code == 422
     text = http.get("/metrics").text
-    assert _metric(text, "s1mini_audio_seconds_total") > before
-    assert _metric(text, "s1mini_requests_total", '{route="/v1/tts",status="200"}') >= 1
-    assert _metric(text, "s1mini_request_errors_total", '{kind="client",route="/v1/tts"}') >= 1
-    assert _metric(text, "s1mini_time_to_first_audio_seconds_count") >= 1
-    assert _metric(text, "s1mini_real_time_factor_count") >= 1
-    assert _metric(text, "s1mini_ready") == 1
-    assert _metric(text, "s1mini_frames_per_second") > 0
+    assert metric_value(text, "s1mini_audio_seconds_total") > before
+    assert metric_value(text, "s1mini_requests_total", '{route="/v1/tts",status="200"}') >= 1
+    assert metric_value(text, "s1mini_request_errors_total", '{kind="client",route="/v1/tts"}') >= 1
+    assert metric_value(text, "s1mini_time_to_first_audio_seconds_count") >= 1
+    assert metric_value(text, "s1mini_real_time_factor_count") >= 1
+    assert metric_value(text, "s1mini_ready") == 1
+    assert metric_value(text, "s1mini_frames_per_second") > 0
     for gauge in ("s1mini_requests_waiting", "s1mini_requests_running", "s1mini_memory_bytes",
                   "s1mini_voice_prefix_hits", "s1mini_reference_encode_batches", "s1mini_reference_clips_encoded"):
-        _metric(text, gauge)
-    assert _metric(text, "s1mini_sequence_slots") == 4  # auto on a CPU
-    assert _metric(text, "s1mini_sequence_slots_ready") == 4
+        metric_value(text, gauge)
+    assert metric_value(text, "s1mini_sequence_slots") == 4  # auto on a CPU
+    assert metric_value(text, "s1mini_sequence_slots_ready") == 4
     assert 'device="cpu"' in text
 
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import io
 import json
-import re
 import socket
 import subprocess
 import sys
@@ -20,7 +19,16 @@ import numpy as np
 import pytest
 
 from engine.voice_store import VoiceStore
-from tests.test_app_support import FAST, ROOT, DemoServer, assert_audio, error_message, reference_clip_wav
+from tests.test_app_support import (
+    FAST,
+    ROOT,
+    DemoServer,
+    assert_audio,
+    error_message,
+    metric_value,
+    reference_clip_wav,
+    requests_in_engine,
+)
 from tests.waiting import wait_until
 
 KEY = "hardening-key-8d1f0c"
@@ -46,13 +54,6 @@ def server(tmp_path_factory):
 def http(server):
     with httpx.Client(base_url=server.url, timeout=120, headers=AUTH) as client:
         yield client
-
-
-def metric(http, name: str) -> float:
-    text = http.get("/metrics").text
-    found = re.search(rf"^{name} ([0-9.e+-]+)$", text, re.M)
-    assert found, f"{name} not in /metrics"
-    return float(found.group(1))
 
 
 # ---- bodies -------------------------------------------------------------------------------------
@@ -214,13 +215,17 @@ def test_a_flood_of_non_streaming_requests_is_shed_and_other_routes_stay_quick(h
     assert slowest[2] < 5.0, f"{slowest[0]} took {slowest[2]:.2f} s while the engine was full"
 
 
+def audio_seconds(http) -> float:
+    return metric_value(http.get("/metrics").text, "s1mini_audio_seconds_total")
+
+
 @pytest.mark.parametrize("path, field", [("/v1/tts", "text"), ("/v1/tts/batch", "texts")])
 def test_a_client_that_leaves_a_non_streaming_request_stops_its_work(http, server, path, field):
     def engine_idle():
-        return metric(http, "s1mini_requests_running") == 0 and metric(http, "s1mini_requests_waiting") == 0
+        return requests_in_engine(http.get("/metrics").text) == 0
 
     wait_until(engine_idle, "the engine idle")
-    before = metric(http, "s1mini_audio_seconds_total")
+    before = audio_seconds(http)
     text = "This request asks for far more audio than anyone will wait for. " * 4
     body = json.dumps({field: text if field == "text" else [text], "max_new_tokens": 3000, "chunk_length": 300,
                        "seed": 1}).encode()  # a seed whose demo speech runs long
@@ -228,12 +233,13 @@ def test_a_client_that_leaves_a_non_streaming_request_stops_its_work(http, serve
     client = socket.create_connection(("127.0.0.1", port))
     client.sendall(f"POST {path} HTTP/1.1\r\n".encode() + b"Host: test\r\nContent-Type: application/json\r\n"
                    + f"Authorization: Bearer {KEY}\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
-    wait_until(lambda: metric(http, "s1mini_audio_seconds_total") > before, "the audio flowing")
+    wait_until(lambda: audio_seconds(http) > before, "the audio flowing")
     client.close()
-    wait_until(engine_idle, "the engine idle", 30)  # the chunk in hand when the client left may still be counted until then
-    stopped_at = metric(http, "s1mini_audio_seconds_total")
+    # The chunk in hand when the client left may still be counted until then.
+    wait_until(engine_idle, "the engine idle", 30)
+    stopped_at = audio_seconds(http)
     time.sleep(2.0)  # time for more audio, were it made
-    assert metric(http, "s1mini_audio_seconds_total") == stopped_at
+    assert audio_seconds(http) == stopped_at
     made = stopped_at - before
     assert 0 < made < 3000 * 2048 / 44100 / 4, f"{made:.1f} s of audio for a client that left"
 

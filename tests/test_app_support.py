@@ -101,13 +101,19 @@ def error_message(response: httpx.Response) -> str:
 # ---- audio --------------------------------------------------------------------------------------
 
 
-def requests_in_engine(url: str) -> float:
-    """The requests the engine at `url` holds, from /metrics: those waiting and those decoding. Both:
+def metric_value(metrics: str, name: str, labels: str = "") -> float:
+    """The value of one sample in /metrics' text: `name` with exactly `labels` ('{kind="client"}',
+    or '' for none)."""
+    match = re.search(rf"^{re.escape(name)}{re.escape(labels)} (\S+)$", metrics, re.M)
+    assert match, f"{name}{labels} missing from /metrics"
+    return float(match.group(1))
+
+
+def requests_in_engine(metrics: str) -> float:
+    """The requests the engine holds, from /metrics' text: those waiting and those decoding. Both:
     between two text chunks of a request none of its sequences decodes while the next one waits to
     be admitted."""
-    metrics = httpx.get(f"{url}/metrics", timeout=30).text
-    return sum(float(re.search(rf"^s1mini_requests_{state} (\S+)$", metrics, re.M).group(1))
-               for state in ("waiting", "running"))
+    return sum(metric_value(metrics, f"s1mini_requests_{state}") for state in ("waiting", "running"))
 
 
 def decode(data: bytes) -> tuple[np.ndarray, int]:
