@@ -85,16 +85,30 @@ def replica_requests(client) -> dict[str, float]:
             for labels, value in metric(client, "s1mini_replica_engine_requests").items()}
 
 
+def holds_requests(replica: dict) -> bool:
+    """Whether a replica's last report (every second) shows requests in its engine: decoding, or
+    waiting (as a request does for a slot between its text chunks)."""
+    return bool(replica.get("running") or replica.get("waiting"))
+
+
 def generating_replica(client, server) -> dict:
-    """/ready's entry of the one replica generating a request, once its report (every second) says so."""
-    running = []
+    """/ready's entry of the one replica generating a request, once its report says so. Call it with
+    the replicas idle before the request (wait_for_idle_replicas): a report from before would show
+    another one."""
+    holding = []
 
-    def one_running() -> bool:
-        running[:] = [r for r in ready(client)["replicas"] if r.get("running")]
-        return len(running) == 1
+    def one_holding() -> bool:
+        holding[:] = [r for r in ready(client)["replicas"] if holds_requests(r)]
+        return len(holding) == 1
 
-    wait_for(one_running, "one replica reporting the running request", server)
-    return running[0]
+    wait_for(one_holding, "one replica reporting the request", server)
+    return holding[0]
+
+
+def wait_for_idle_replicas(client, server) -> None:
+    """Until every replica's report shows its engine empty (the requests of earlier tests finished
+    or cancelled)."""
+    wait_for(lambda: not any(holds_requests(r) for r in ready(client)["replicas"]), "every replica idle", server)
 
 
 def settled_replica_requests(client) -> dict[str, float]:
@@ -284,6 +298,7 @@ def test_streams_through_serve_and_a_killed_replica_is_replaced(cluster):
     new replica and /ready shows it."""
     server, client = cluster
     add_voice(client, "doomed")
+    wait_for_idle_replicas(client, server)
     body = {"text": LONG_TEXT, "format": "wav", "streaming": True, "max_new_tokens": 4000, "reference_id": "doomed"}
     with client.stream("POST", "/v1/tts", json=body) as stream:
         assert stream.status_code == 200
