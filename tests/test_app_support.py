@@ -98,7 +98,7 @@ def error_message(response: httpx.Response) -> str:
     return body["error"]["message"] if isinstance(body.get("error"), dict) else body["message"]
 
 
-# ---- audio --------------------------------------------------------------------------------------
+# ---- metrics ------------------------------------------------------------------------------------
 
 
 def metric_value(metrics: str, name: str, labels: str = "") -> float:
@@ -114,6 +114,9 @@ def requests_in_engine(metrics: str) -> float:
     between two text chunks of a request none of its sequences decodes while the next one waits to
     be admitted."""
     return sum(metric_value(metrics, f"s1mini_requests_{state}") for state in ("waiting", "running"))
+
+
+# ---- audio --------------------------------------------------------------------------------------
 
 
 def decode(data: bytes) -> tuple[np.ndarray, int]:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_app_support import DemoServer
+from tests.test_app_support import ROOT, DemoServer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
 import load_test  # noqa: E402
@@ -83,11 +83,10 @@ def test_load_test_in_process_sends_the_same_requests_to_an_engine_here(tmp_path
 
 def test_the_script_runs_in_process_from_the_repository_as_documented(tmp_path):
     """`python scripts/load_test.py --in-process ...` from the repository root, no PYTHONPATH."""
-    root = Path(__file__).resolve().parent.parent
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     run = subprocess.run([sys.executable, "scripts/load_test.py", "--in-process", "--weights", "demo", "--levels", "1",
                           "--requests-per-client", "1", "--max-new-tokens", "4", "--reference-seconds", "1",
-                          "--cache-dir", str(tmp_path / "cache")], cwd=root, env=env, capture_output=True, text=True,
+                          "--cache-dir", str(tmp_path / "cache")], cwd=ROOT, env=env, capture_output=True, text=True,
                          timeout=600)
     assert run.returncode == 0, run.stderr[-2000:]
     assert "1 streams:" in run.stdout
