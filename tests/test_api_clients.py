@@ -197,7 +197,7 @@ def test_openai_voices_by_name_id_and_mapping(oa, http, narrator):
     assert voices[0] == "narrator" and {"alloy", "nova", "shimmer"} <= set(voices)
 
 
-def test_openai_inline_references_clone_and_conflicts_are_refused(oa):
+def test_openai_inline_references_clone_and_conflicts_are_refused(oa, narrator):
     ref = {"audio": base64.b64encode(reference_clip_wav()).decode(), "text": "a gliding tone"}
     audio = oa.audio.speech.create(model="tts-1", voice="alloy", input="Cloned inline.", response_format="wav",
                                    extra_body={**FAST, "references": [ref]})
