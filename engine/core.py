@@ -98,12 +98,12 @@ class EngineCore:
         return self.graphs.prepare(helpers)
 
     def capture_more(self, up_to: int = 0) -> bool:
-        """Capture larger batches' graphs (see GraphCapture.capture_more), only while no sequence
-        runs and the codec is idle; otherwise it captures nothing. Returns whether it captured and
-        buckets remain."""
+        """Capture the graphs not captured yet (see GraphCapture.capture_more), only while no
+        sequence runs and the codec is idle; otherwise it captures nothing. Returns whether it
+        captured and graphs remain."""
         if not (self.scheduler.drained and not self.codec_runner.pending):
             return False
-        return self.graphs.capture_more(up_to)
+        return self.graphs.capture_more(up_to, encodes_idle=not self.clip_encodes.busy)
 
     def start(self, request: PreparedRequest, job: Job) -> None:
         """On the worker thread: resolve the voice (starting the encodes of new clips) and queue the

@@ -212,8 +212,8 @@ class TTSEngine:
 
     def prepare(self) -> float:
         """Compile and capture what one running request needs (on the worker thread, which owns
-        every graph); the graphs of larger batches follow while the worker has nothing else to do,
-        or when more requests arrive than can run (see Scheduler). On a first start, helper processes
+        every graph); the reference encoder's graphs and those of larger batches follow while the
+        worker has nothing else to do, or when more requests arrive than can run (see Scheduler). On a first start, helper processes
         compile parts of the graphs meanwhile (compile_helpers). Returns the seconds it took."""
         if self.policy.compile and self.policy.cuda_graphs:
             self._helpers = CompileHelpers.start(self.config, self.models.placement.device)
@@ -238,11 +238,10 @@ class TTSEngine:
         logger.info("warm-up done in {:.1f} s", time.perf_counter() - started)
 
     def capture_all(self, timeout_s: float = 1800.0) -> float:
-        """Capture every remaining batch graph now, as soon as no request is in flight (benchmarks,
+        """Capture every remaining graph now, as soon as no request is in flight (benchmarks,
         tests); returns the seconds it took."""
         started = time.perf_counter()
-        runner = self._core.runner
-        while runner.pending_batches:
+        while self._core.graphs.pending:
             if time.perf_counter() - started > timeout_s:
                 raise RuntimeError(f"the engine stayed busy for {timeout_s:.0f} s: no batch graphs captured")
             if self._worker.in_flight == 0 and self._worker.call(lambda: self._core.capture_more(self.slots)):
@@ -267,8 +266,9 @@ class TTSEngine:
 
     @property
     def capturing(self) -> bool:
-        """Larger batches' graphs are still to be captured (False once all are, or after a failed capture)."""
-        return bool(self._core.runner.pending_batches)
+        """Graphs are still to be captured: larger batches', the reference encoder's (False once all
+        are, or after a failed capture)."""
+        return self._core.graphs.pending
 
     def _stream_chunks(self, text, references, voice, params, stats: dict) -> Iterator[AudioChunk]:
         called = time.perf_counter()

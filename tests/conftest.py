@@ -23,6 +23,17 @@ def _no_compile_helpers(monkeypatch):
     monkeypatch.setattr(CompileHelpers, "start", classmethod(lambda cls, config, device: cls()))
 
 
+@pytest.fixture
+def log_lines():
+    """The messages the engine logs (loguru, every level from DEBUG) during the test."""
+    from loguru import logger
+
+    lines: list[str] = []
+    sink = logger.add(lambda message: lines.append(message.record["message"]), level="DEBUG")
+    yield lines
+    logger.remove(sink)
+
+
 def fixtures_root() -> Path:
     return Path(os.environ.get("S1_FIXTURES_DIR") or PROJECT_FIXTURES)
 

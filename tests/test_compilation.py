@@ -76,14 +76,9 @@ def test_our_kernels_use_pdl_on_nvidia_hopper_and_newer_only(monkeypatch, hip, c
 
 
 @pytest.fixture
-def debug_lines():
-    from loguru import logger
-
-    lines: list[str] = []
-    sink = logger.add(lambda message: lines.append(message.record["message"]), level="DEBUG")
+def debug_lines(log_lines):
     compilation._skipped.cache_clear()
-    yield lines
-    logger.remove(sink)
+    yield log_lines
     compilation._skipped.cache_clear()
 
 

@@ -15,7 +15,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from loguru import logger
 
 from engine import compile_helper_process, compile_helpers, compiled_regions
 from engine.compile_helpers import PARTS, CompileHelpers, spawn
@@ -23,14 +22,6 @@ from engine.config import EngineConfig
 from tests.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-@pytest.fixture
-def log_lines():
-    lines: list[str] = []
-    sink = logger.add(lambda message: lines.append(message.record["message"]), level="DEBUG")
-    yield lines
-    logger.remove(sink)
 
 
 def python(code: str):
@@ -228,79 +219,3 @@ def test_a_helpers_package_reaches_a_region_made_before_it_was_saved(tmp_path):
     assert engine["residual_installed"] is True
     assert engine["traced"] == engine["traced_before"] == 1  # the snake's graph, none for the residual
     assert stored() == {"engine.model.codec_convs.biased_residual", "engine.model.codec_convs.biased_snake"}
-
-
-class Steps:
-    """Stands in for the step runner: records what GraphCapture.prepare asks of it."""
-
-    policy = type("Policy", (), {"cuda_graphs": True})()
-    pending_batches, ready_slots = [2, 4], 1
-
-    def __init__(self, calls: list, failing_batch: int | None = None):
-        self.calls, self._failing_batch = calls, failing_batch
-
-    def prepare(self, batch_sizes, prefill=True):
-        self.calls.append(("steps", batch_sizes, prefill))
-        if batch_sizes == [self._failing_batch]:
-            raise RuntimeError("capture failed")
-
-    def prepare_prefill(self):
-        self.calls.append("prefill")
-
-
-class Helpers(CompileHelpers):
-    """Helpers of the parts given, already done when waited for; records the waits."""
-
-    def __init__(self, calls: list, parts: tuple[str, ...]):
-        super().__init__()
-        self.calls, self._parts = calls, list(parts)
-
-    def running(self):
-        return bool(self._parts)
-
-    def wait(self, part):
-        self.calls.append(("wait", part))
-        if part in self._parts:
-            self._parts.remove(part)
-
-    def close(self):
-        self.calls.append("close")
-
-
-class Codec:
-    """Stands in for the codec runner and the reference encoder."""
-
-    rows = 64
-
-    def __init__(self, calls: list):
-        self.calls = calls
-
-    def prepare(self, up_to=None):
-        self.calls.append(("codec", up_to) if up_to else "encoder")
-
-
-def prepared(helpers: tuple[str, ...] | None, failing_batch: int | None = None) -> list:
-    """What GraphCapture.prepare did, in order, with helpers of these parts (None: no helpers)."""
-    from engine.runtime.graph_capture import GraphCapture
-
-    calls: list = []
-    codec = Codec(calls)
-    GraphCapture(Steps(calls, failing_batch), codec, codec).prepare(
-        None if helpers is None else Helpers(calls, helpers))
-    return calls
-
-
-def test_with_helpers_the_engine_captures_the_steps_then_waits_for_each_part():
-    assert prepared(("prefill", "codec")) == [
-        ("steps", [1], False), ("steps", [2], False), ("wait", "prefill"), "prefill", ("wait", "codec"),
-        ("codec", 2), "encoder", "close"]
-
-
-def test_without_helpers_the_engine_compiles_every_part_itself():
-    assert prepared(None) == [("steps", [1], True), "prefill", ("codec", 2), "encoder"]
-
-
-def test_a_failed_capture_of_two_rows_still_waits_for_the_helpers(log_lines):
-    calls = prepared(("prefill", "codec"), failing_batch=2)
-    assert calls[2:] == [("wait", "prefill"), "prefill", ("wait", "codec"), ("codec", 2), "encoder", "close"]
-    assert any("capturing the graphs of batch 2 failed" in line for line in log_lines)

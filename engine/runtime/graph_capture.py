@@ -1,9 +1,10 @@
 """Which CUDA graphs exist when: the decode step's, the codec's and the reference encoder's.
 
 `prepare` captures what one running sequence needs before any request; `capture_more` captures the
-larger batch buckets later, one bucket at a time, while no sequence runs (capture rewrites decode
-state): when the worker is idle, or when the scheduler has drained for a demand the captured graphs
-cannot serve (Scheduler.needs_capture).
+rest later, one unit at a time, while no sequence runs (capture rewrites decode state): when the
+worker is idle, or when the scheduler has drained for a demand the captured graphs cannot serve
+(Scheduler.needs_capture). The units are the reference encoder's graphs (first when the worker is
+idle; a clip that comes before them encodes eagerly, the same codes) and each larger batch bucket.
 """
 
 from __future__ import annotations
@@ -42,10 +43,11 @@ def use_high_priority_stream(device: torch.device) -> None:
 class GraphCapture:
     def __init__(self, steps: StepRunner, codec: CodecRunner, encoder: ReferenceEncoder):
         self.steps, self.codec, self.encoder = steps, codec, encoder
+        self._encoder_failed = False
 
     def prepare(self, helpers: CompileHelpers | None = None) -> float:
         """On the worker thread, before any request: compile, and capture the graphs of one running
-        sequence (decode step, codec, reference encoder) and the codec's of two. With compile
+        sequence (decode step, codec) and the codec's of two. With compile
         helpers (a first start: compile_helpers), the engine captures the step's graphs of two rows
         too while they compile the prefill's and the codec's regions, then waits for each before
         its graphs. Returns the seconds it took."""
@@ -59,7 +61,7 @@ class GraphCapture:
             self.steps.prepare_prefill()
             if self.steps.policy.cuda_graphs:
                 helpers.wait("codec")
-                self.prepare_part("codec")
+                self._prepare_codec()
         finally:
             helpers.close()  # those not waited for, where a capture failed
         return time.perf_counter() - started
@@ -68,16 +70,39 @@ class GraphCapture:
         """One compile helper's part (compile_helpers.PARTS), in its process or in the engine's."""
         started = time.perf_counter()
         if part == "codec":
-            # The codec's graphs of two rows too: their capture compiles the post-transformer's
-            # graph for every row count above one (set_up_codec), which would otherwise happen at the
-            # first larger batch's capture, while requests wait.
-            self.codec.prepare(min(2, self.codec.rows))
+            self._prepare_codec()
             self.encoder.prepare()
         elif part == "prefill":
             self.steps.compile_prefill(batched=self.steps.cache.n_slots > 1)
         else:
             raise ValueError(f"unknown part {part!r}")
         return time.perf_counter() - started
+
+    def _prepare_codec(self) -> None:
+        # The codec's graphs of two rows too: their capture compiles the post-transformer's graph
+        # for every row count above one (set_up_codec), which would otherwise happen at the first
+        # larger batch's capture, while requests wait.
+        self.codec.prepare(min(2, self.codec.rows))
+
+    @property
+    def encoder_pending(self) -> bool:
+        """The reference encoder's graphs are still to be captured (never without CUDA graphs, nor
+        after a failed capture)."""
+        return self.steps.policy.cuda_graphs and not self.encoder.captured and not self._encoder_failed
+
+    @property
+    def pending(self) -> bool:
+        """Graphs remain for capture_more."""
+        return self.encoder_pending or bool(self.steps.pending_batches)
+
+    def _capture_encoder(self) -> None:
+        try:
+            seconds = self.encoder.prepare()
+        except Exception:
+            self._encoder_failed = True
+            logger.exception("capturing the reference encoder's graphs failed; new clips encode eagerly")
+            return
+        logger.info("reference encoder's graphs captured in {:.1f} s", seconds)
 
     def _capture_step_of(self, batch: int) -> None:
         """The step's graphs of `batch` rows ahead of their turn in capture_more (the codec's
@@ -88,14 +113,19 @@ class GraphCapture:
             logger.exception("capturing the graphs of batch {} failed; serving at most {} sequences at once",
                              batch, self.steps.ready_slots)
 
-    def capture_more(self, up_to: int = 0) -> bool:
-        """Capture the next batch bucket's codec and step graphs, and the following ones until `up_to`
-        rows are ready; the caller makes sure no sequence runs and the codec is idle. Returns
-        whether buckets remain.
+    def capture_more(self, up_to: int = 0, encodes_idle: bool = True) -> bool:
+        """Capture the next unit: the reference encoder's graphs when no demand waits for a batch
+        (`up_to` rows are ready) and no encode runs (`encodes_idle`: replays and a capture would
+        share its streaming state); else the next batch bucket's codec and step graphs, and the
+        following ones until `up_to` rows are ready. The caller makes sure no sequence runs and the
+        codec is idle. Returns whether graphs remain.
 
-        The codec's graphs come first: the runner's ready_slots, which admission follows, then rises
-        only for batches whose graphs all exist. A failed capture is logged and ends capturing: the
-        batches captured before it keep serving."""
+        A bucket's codec graphs come first: the runner's ready_slots, which admission follows, then
+        rises only for batches whose graphs all exist. A failed capture is logged and ends capturing
+        (of the batches, or of the encoder): what was captured before it keeps serving."""
+        if self.encoder_pending and encodes_idle and self.steps.ready_slots >= up_to:
+            self._capture_encoder()
+            return self.pending
         while self.steps.pending_batches:
             batch = self.steps.pending_batches[0]
             try:
@@ -109,4 +139,4 @@ class GraphCapture:
                         batch, seconds, self.steps.ready_slots, self.steps.cache.n_slots)
             if self.steps.ready_slots >= up_to:
                 break
-        return bool(self.steps.pending_batches)
+        return self.pending

@@ -92,6 +92,11 @@ class ReferenceEncoder:
         return self.batches[-1]
 
     @property
+    def captured(self) -> bool:
+        """Every batch bucket's chunk graph exists (prepare() ran); until then encodes run eagerly."""
+        return len(self._graphs) == len(self.batches)
+
+    @property
     def chunk_samples(self) -> int:
         return self.chunk_frames * self.codec.config.frame_length
 
