@@ -11,6 +11,7 @@ next one, so a burst of new voices costs a few batched passes instead of one pas
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Protocol
 
 import numpy as np
@@ -102,8 +103,11 @@ class CodesWaiter:
 
 
 class ClipEncodeQueue:
-    def __init__(self, encoder: ReferenceEncoder, cache: ReferenceCodeCache):
-        self.encoder, self.cache = encoder, cache
+    def __init__(self, encoder: ReferenceEncoder, cache: ReferenceCodeCache,
+                 before_batch: Callable[[], None] = lambda: None):
+        """before_batch: called before each batch starts, when no encode runs (the engine captures
+        the encoder's graphs there, when they are missing and nothing else runs)."""
+        self.encoder, self.cache, self.before_batch = encoder, cache, before_batch
         self._encoding: dict[str, ClipEncode] = {}  # clips being encoded or waiting to, by cache key
         self._awaiting: list[VoiceWaiter] = []  # requests waiting for their clips' codes
         self.batches = 0  # batches started, and the clips in them (stats)
@@ -190,4 +194,5 @@ class ClipEncodeQueue:
                 batch = [first]
         self.batches += 1
         self.clips += len(batch)
+        self.before_batch()
         start_batch(encoder, batch)

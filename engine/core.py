@@ -81,7 +81,8 @@ class EngineCore:
                                                   max_batch=min(config.max_encode_batch, slots),
                                                   high_priority=config.encode_priority and config.decode_priority)
         self.graphs = GraphCapture(self.runner, self.codec_runner, self.reference_encoder)
-        self.clip_encodes = ClipEncodeQueue(self.reference_encoder, reference_cache)
+        self.clip_encodes = ClipEncodeQueue(self.reference_encoder, reference_cache,
+                                            before_batch=self._capture_encoder_if_nothing_runs)
         self.voice_prompts = VoicePromptCache(models.tokenizer, c.num_codebooks)
 
     @property
@@ -104,6 +105,14 @@ class EngineCore:
         if not (self.scheduler.drained and not self.codec_runner.pending):
             return False
         return self.graphs.capture_more(up_to, encodes_idle=not self.clip_encodes.busy)
+
+    def _capture_encoder_if_nothing_runs(self) -> None:
+        """Before a batch of new clips, while no encode runs: the encoder's graphs, when they are
+        still missing and no sequence runs (a client whose requests come one after another leaves the
+        worker no idle time for them). With sequences running the clips encode eagerly: the capture
+        would hold up their steps."""
+        if self.graphs.encoder_pending and self.scheduler.drained and not self.codec_runner.pending:
+            self.graphs.capture_encoder()
 
     def start(self, request: PreparedRequest, job: Job) -> None:
         """On the worker thread: resolve the voice (starting the encodes of new clips) and queue the

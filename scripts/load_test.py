@@ -260,11 +260,12 @@ def write_html(path: Path, report: dict) -> None:
 
 
 def wait_for_all_slots(client, limit_s: float = 900.0) -> None:
-    """A server captures its larger batches' graphs after it is ready; measure once it has them all."""
+    """A server captures its reference encoder's and larger batches' graphs after it is ready;
+    measure once it has them all."""
     deadline = time.monotonic() + limit_s
     while True:
         ready = client.get("/ready").json()
-        if ready.get("slots_ready") is None or ready["slots_ready"] >= ready["slots"]:
+        if ready.get("slots_ready") is None or (ready["slots_ready"] >= ready["slots"] and not ready.get("capturing")):
             return
         if not ready.get("capturing", True):
             raise SystemExit(f"the server runs at most {ready['slots_ready']} of {ready['slots']} sequences at once: "

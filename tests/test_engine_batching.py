@@ -294,9 +294,10 @@ def arriving_together(engine, monkeypatch, jobs: int):
 @pytest.mark.gpu
 def test_a_new_engine_captures_larger_batches_when_demanded_or_idle(tmp_path, monkeypatch):
     """Ready with batch 1's graphs alone: four requests arriving together drain the batch, the
-    graphs up to four rows are captured, and each request gets the audio it gets alone; the
-    reference encoder's graphs and the last bucket (8) are captured once the worker is idle, and a
-    clip encoded before (eagerly) has the codes the encoder's graph gives it. With decode_priority
+    graphs up to four rows are captured, and each request gets the audio it gets alone; the last
+    bucket (8) is captured once the worker is idle. The reference encoder's graphs come with the
+    first new clip that finds no sequence running; one that comes while sequences run encodes
+    eagerly, with the codes the graphs give it. With decode_priority
     on: the worker thread's stream outranks the codec's; with encode_priority on (the default) the
     reference encoder's stream ranks as the worker's."""
     monkeypatch.setattr(worker_module, "IDLE_AFTER_S", 1e6)  # no idle capture until the test allows it
@@ -313,8 +314,14 @@ def test_a_new_engine_captures_larger_batches_when_demanded_or_idle(tmp_path, mo
         assert engine.stats()["slots_ready"] == 1 and engine.capturing
         encoder = synth.reference_encoder
         assert not encoder.captured
-        clip = reference_clip(1.5).audio[1]
-        eager_codes = engine.encode_codes((44100, clip))
+        clip, other_clip = reference_clip(1.5).audio[1], reference_clip(0.7).audio[1]
+        with monkeypatch.context() as running:  # as while sequences run: the clip encodes eagerly
+            running.setattr(type(synth.scheduler), "drained", property(lambda self: False))
+            eager_codes = engine.encode_codes((44100, clip))
+        assert not encoder.captured
+        engine.encode_codes((44100, other_clip))  # nothing runs: the encoder's graphs first
+        assert encoder.captured
+        np.testing.assert_array_equal(engine._worker.call(lambda: encoder.encode(clip)).numpy(), eager_codes)
         params = [SamplingParams(max_new_tokens=6 + i, seed=200 + i) for i in range(4)]
         texts = [f"Request {i} of a fresh engine." for i in range(4)]
         alone = [engine.synthesize(t, params=p).audio for t, p in zip(texts, params)]
@@ -338,8 +345,7 @@ def test_a_new_engine_captures_larger_batches_when_demanded_or_idle(tmp_path, mo
         monkeypatch.setattr(worker_module, "IDLE_AFTER_S", 0.1)
         engine._worker.call(lambda: None)  # wakes the worker, which then waits the new quiet time
         assert all_captured.wait(300), "the idle worker did not capture batch 8"
-        assert engine.stats()["slots_ready"] == 8 and encoder.captured and not engine.capturing
-        np.testing.assert_array_equal(engine._worker.call(lambda: encoder.encode(clip)).numpy(), eager_codes)
+        assert engine.stats()["slots_ready"] == 8 and not engine.capturing
         np.testing.assert_allclose(engine.synthesize(texts[0], params=params[0]).audio, alone[0], rtol=0, atol=1e-4)
     finally:
         engine.close()

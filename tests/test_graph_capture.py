@@ -122,21 +122,22 @@ def test_when_idle_the_encoder_is_the_first_unit_then_one_bucket_at_a_time():
     assert not capture.pending
 
 
-def test_a_demand_for_rows_is_served_before_the_encoder():
+def test_a_demand_for_rows_is_served_before_the_encoder_which_follows_in_the_same_drain():
     calls: list = []
     capture = graphs(calls)
-    assert capture.capture_more(up_to=4) is True  # the encoder remains
-    assert calls == [("codec", 2), ("steps", [2], True), ("codec", 4), ("steps", [4], True)]
-    assert capture.capture_more(up_to=4) is False and calls[4:] == ["encoder"]
+    assert capture.capture_more(up_to=4) is False
+    assert calls == [("codec", 2), ("steps", [2], True), ("codec", 4), ("steps", [4], True), "encoder"]
 
 
 def test_the_encoder_waits_while_clips_are_encoding():
     calls: list = []
     capture = graphs(calls)
-    capture.capture_more(encodes_idle=False)
+    capture.capture_more(up_to=2, encodes_idle=False)
     assert calls == [("codec", 2), ("steps", [2], True)] and capture.encoder_pending
+    capture.capture_more(encodes_idle=False)
+    assert calls[2:] == [("codec", 4), ("steps", [4], True)] and capture.encoder_pending
     capture.capture_more()
-    assert calls[2:] == ["encoder"] and not capture.encoder_pending
+    assert calls[4:] == ["encoder"] and not capture.pending
 
 
 def test_a_failed_encoder_capture_is_logged_once_and_leaves_the_batches(log_lines):
@@ -155,3 +156,11 @@ def test_without_cuda_graphs_nothing_is_pending():
     capture.steps.policy = type("Policy", (), {"cuda_graphs": False})()
     capture.steps.pending_batches = []
     assert not capture.pending and capture.capture_more() is False and calls == []
+
+
+def test_a_failed_batch_capture_for_a_demand_still_captures_the_encoder(log_lines):
+    calls: list = []
+    capture = graphs(calls, failing_batch=2)
+    assert capture.capture_more(up_to=2) is False
+    assert calls == [("codec", 2), ("steps", [2], True), "encoder"]
+    assert any("capturing the graphs of batch 2 failed" in line for line in log_lines)

@@ -95,7 +95,9 @@ class GraphCapture:
         """Graphs remain for capture_more."""
         return self.encoder_pending or bool(self.steps.pending_batches)
 
-    def _capture_encoder(self) -> None:
+    def capture_encoder(self) -> None:
+        """The reference encoder's graphs, now; the caller makes sure no encode runs. A failure is
+        logged and ends the encoder's capturing: new clips then encode eagerly (the same codes)."""
         try:
             seconds = self.encoder.prepare()
         except Exception:
@@ -114,17 +116,20 @@ class GraphCapture:
                              batch, self.steps.ready_slots)
 
     def capture_more(self, up_to: int = 0, encodes_idle: bool = True) -> bool:
-        """Capture the next unit: the reference encoder's graphs when no demand waits for a batch
-        (`up_to` rows are ready) and no encode runs (`encodes_idle`: replays and a capture would
-        share its streaming state); else the next batch bucket's codec and step graphs, and the
-        following ones until `up_to` rows are ready. The caller makes sure no sequence runs and the
-        codec is idle. Returns whether graphs remain.
+        """Capture what is still missing; the caller makes sure no sequence runs and the codec is
+        idle, and tells whether an encode runs (`encodes_idle`: an encode and the encoder's capture
+        would share its streaming state). Idle (`up_to` rows already ready): one unit, the encoder's
+        graphs first, else the next batch bucket's codec and step graphs. For a demand: the batch
+        buckets until `up_to` rows are ready, then the encoder's graphs while nothing runs anyway
+        (under load from the start the worker may not idle for a while). Returns whether graphs
+        remain.
 
         A bucket's codec graphs come first: the runner's ready_slots, which admission follows, then
         rises only for batches whose graphs all exist. A failed capture is logged and ends capturing
         (of the batches, or of the encoder): what was captured before it keeps serving."""
-        if self.encoder_pending and encodes_idle and self.steps.ready_slots >= up_to:
-            self._capture_encoder()
+        demand = up_to > self.steps.ready_slots
+        if self.encoder_pending and encodes_idle and not demand:
+            self.capture_encoder()
             return self.pending
         while self.steps.pending_batches:
             batch = self.steps.pending_batches[0]
@@ -134,9 +139,11 @@ class GraphCapture:
                 self.steps.stop_capturing()
                 logger.exception("capturing the graphs of batch {} failed; serving at most {} sequences at once",
                                  batch, self.steps.ready_slots)
-                return False
+                break
             logger.info("graphs of batch {} captured in {:.1f} s ({} of {} sequences can run at once)",
                         batch, seconds, self.steps.ready_slots, self.steps.cache.n_slots)
             if self.steps.ready_slots >= up_to:
                 break
+        if demand and self.encoder_pending and encodes_idle:
+            self.capture_encoder()
         return self.pending
