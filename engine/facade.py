@@ -213,8 +213,9 @@ class TTSEngine:
     def prepare(self) -> float:
         """Compile and capture what one running request needs (on the worker thread, which owns
         every graph); the reference encoder's graphs and those of larger batches follow while the
-        worker has nothing else to do, or when more requests arrive than can run (see Scheduler). On a first start, helper processes
-        compile parts of the graphs meanwhile (compile_helpers). Returns the seconds it took."""
+        worker has nothing else to do, or when more requests arrive than can run (see Scheduler and
+        GraphCapture). On a first start, helper processes compile parts of the graphs meanwhile
+        (compile_helpers). Returns the seconds it took."""
         if self.policy.compile and self.policy.cuda_graphs:
             self._helpers = CompileHelpers.start(self.config, self.models.placement.device)
 

@@ -3,8 +3,10 @@
 `prepare` captures what one running sequence needs before any request; `capture_more` captures the
 rest later, one unit at a time, while no sequence runs (capture rewrites decode state): when the
 worker is idle, or when the scheduler has drained for a demand the captured graphs cannot serve
-(Scheduler.needs_capture). The units are the reference encoder's graphs (first when the worker is
-idle; a clip that comes before them encodes eagerly, the same codes) and each larger batch bucket.
+(Scheduler.needs_capture). The units are each larger batch bucket and the reference encoder's
+graphs, which come first when the worker is idle, after the buckets in a drain, and before the first
+batch of new clips that finds no sequence running (EngineCore); clips that come before them encode
+eagerly, to the same codes.
 """
 
 from __future__ import annotations
@@ -47,10 +49,10 @@ class GraphCapture:
 
     def prepare(self, helpers: CompileHelpers | None = None) -> float:
         """On the worker thread, before any request: compile, and capture the graphs of one running
-        sequence (decode step, codec) and the codec's of two. With compile
-        helpers (a first start: compile_helpers), the engine captures the step's graphs of two rows
-        too while they compile the prefill's and the codec's regions, then waits for each before
-        its graphs. Returns the seconds it took."""
+        sequence (decode step, codec) and the codec's of two. With compile helpers (a first start:
+        compile_helpers), the engine captures the step's graphs of two rows too while they compile
+        the prefill's and the codec's regions (the reference encoder's with the codec's), then waits
+        for each before its graphs. Returns the seconds it took."""
         started = time.perf_counter()
         helpers = helpers or CompileHelpers()
         try:
