@@ -8,11 +8,13 @@ an old libsndfile lacks MP3/Opus.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import math
 import os
 import stat
 import struct
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Union
 
@@ -29,6 +31,7 @@ SILENCE_DBFS = -60.0  # a clip whose peak is below this holds no usable speech
 # Studio masters go this high; above it a small compressed file can decode to gigabytes.
 MAX_SAMPLE_RATE = 192_000
 BLOCK_FRAMES = 1 << 16  # frames read at a time, then mixed to one channel
+WHOLE_READ_SAMPLES = 1 << 22  # files of up to this many samples (16 MB in float32) are read at once
 
 AudioSource = Union[bytes, bytearray, memoryview, str, os.PathLike, tuple]
 
@@ -115,18 +118,45 @@ def _decode(source, label: str, max_seconds: float | None) -> tuple[np.ndarray, 
             raise InputError(f"{label} was not found at {path} (or is not a file); check the path")
         if status.st_size == 0:
             raise InputError(f"{label} is empty (0 bytes); record or upload the clip again")
-        opener = lambda: str(path)  # noqa: E731 - both decoders take a path or a file object
-    elif isinstance(source, (bytes, bytearray, memoryview)):
+        decoded = _decode_soundfile(str(path), label, max_seconds)
+        return decoded if decoded is not None else _decode_ffmpeg(str(path), label, max_seconds)
+    if isinstance(source, (bytes, bytearray, memoryview)):
         data = bytes(source)
         if not data:
             raise InputError(f"{label} is empty (0 bytes); record or upload the clip again")
-        opener = lambda: io.BytesIO(data)  # noqa: E731
-    else:
-        raise InputError(
-            f"audio must be file bytes, a file path or a (sample_rate, samples) pair, got {type(source).__name__}"
-        )
-    decoded = _decode_soundfile(opener(), label, max_seconds)
-    return decoded if decoded is not None else _decode_ffmpeg(opener(), label, max_seconds)
+        with _readable_by_path(data) as handle:
+            decoded = _decode_soundfile(handle, label, max_seconds)
+        return decoded if decoded is not None else _decode_ffmpeg(data, label, max_seconds)
+    raise InputError(
+        f"audio must be file bytes, a file path or a (sample_rate, samples) pair, got {type(source).__name__}"
+    )
+
+
+@contextlib.contextmanager
+def _readable_by_path(data: bytes) -> Iterator[str | io.BytesIO]:
+    """The bytes as libsndfile reads them fastest beside busy Python threads: on Linux the path of an
+    anonymous memory file, which it reads in C; elsewhere (or where /proc is missing) a file object.
+    From a file object libsndfile calls back into Python for every 8 KB it reads, and each call
+    waits for the GIL: beside a thread running Python without pause, as the GPU worker does under
+    load, a 10 s WAV took ~400 ms to decode that way instead of ~2 ms (tools/profile_clip_prepare.py)."""
+    fd = None
+    if hasattr(os, "memfd_create"):
+        try:
+            fd = os.memfd_create("s1-mini-upload")
+        except OSError:
+            fd = None
+    try:
+        if fd is not None:
+            with open(fd, "wb", closefd=False) as memory_file:
+                memory_file.write(data)
+            path = f"/proc/self/fd/{fd}"
+            if os.path.exists(path):
+                yield path
+                return
+        yield io.BytesIO(data)
+    finally:
+        if fd is not None:
+            os.close(fd)
 
 
 def _decode_soundfile(handle, label: str, max_seconds: float | None) -> tuple[np.ndarray, int] | None:
@@ -141,7 +171,7 @@ def _decode_soundfile(handle, label: str, max_seconds: float | None) -> tuple[np
         return None
 
 
-def _decode_ffmpeg(handle, label: str, max_seconds: float | None) -> tuple[np.ndarray, int]:
+def _decode_ffmpeg(source: str | bytes, label: str, max_seconds: float | None) -> tuple[np.ndarray, int]:
     if not ffmpeg_available():
         raise InputError(
             f"{label} is not WAV, FLAC, OGG or MP3, and "
@@ -150,7 +180,7 @@ def _decode_ffmpeg(handle, label: str, max_seconds: float | None) -> tuple[np.nd
     # Decode one second past the limit at most: enough to tell that the clip is too long.
     duration = None if max_seconds is None else max_seconds + 1.0
     try:
-        with decoded(handle.getvalue() if isinstance(handle, io.BytesIO) else handle, duration) as audio:
+        with decoded(source, duration) as audio:
             return _read_mono(audio, label), audio.samplerate
     except FfmpegError as exc:
         raise InputError(
@@ -160,11 +190,21 @@ def _decode_ffmpeg(handle, label: str, max_seconds: float | None) -> tuple[np.nd
 
 def _read_mono(audio: sf.SoundFile | PipedWav, label: str) -> np.ndarray:
     """The file's frames mixed to one channel, (n, 1), a block at a time: a file of many channels
-    never needs them all in memory at once. Mixed as _to_engine_samples mixes, row by row."""
+    never needs them all in memory at once. Mixed as _to_engine_samples mixes, row by row. A file
+    that libsndfile reads and that holds at most WHOLE_READ_SAMPLES is read in one call: every call
+    lets go of the GIL and waits to take it back (see _readable_by_path)."""
     _check_sample_rate(audio.samplerate, label)
-    mixed = [block.mean(axis=1, dtype=np.float32)
-             for block in audio.blocks(BLOCK_FRAMES, dtype="float32", always_2d=True)]
+    if isinstance(audio, sf.SoundFile) and 0 < audio.frames * audio.channels <= WHOLE_READ_SAMPLES:
+        return _mixed(audio.read(dtype="float32", always_2d=True))[:, None]
+    mixed = [_mixed(block) for block in audio.blocks(BLOCK_FRAMES, dtype="float32", always_2d=True)]
     return (np.concatenate(mixed) if mixed else np.zeros(0, np.float32))[:, None]
+
+
+def _mixed(frames: np.ndarray) -> np.ndarray:
+    """(n, channels) -> (n,) float32, the channels' mean (one channel as it is: its mean, no pass)."""
+    if frames.shape[1] == 1:
+        return frames[:, 0].astype(np.float32, copy=False)
+    return frames.mean(axis=1, dtype=np.float32)
 
 
 def _check_sample_rate(rate: int, label: str) -> None:
@@ -178,9 +218,12 @@ def _to_engine_samples(frames: np.ndarray, rate: int, label: str, max_seconds: f
     _check_sample_rate(rate, label)
     if frames.shape[0] == 0:
         raise InputError(f"{label} holds no audio samples; record or upload the clip again")
-    if not np.isfinite(frames).all():
+    # Few passes over the samples: each numpy pass lets go of the GIL and waits to take it back,
+    # which beside busy Python threads (the GPU worker under load) costs up to a switch interval.
+    mono = _mixed(frames)
+    peak = float(np.abs(mono).max())  # NaN and infinities in any channel reach the peak through the mix
+    if not math.isfinite(peak):
         raise InputError(f"{label} contains NaN or infinite sample values; re-export it as a normal WAV file")
-    mono = frames.mean(axis=1, dtype=np.float32)
     seconds = mono.shape[0] / rate
     if max_seconds is not None:
         _check_not_too_long(seconds, label, max_seconds)
@@ -189,7 +232,6 @@ def _to_engine_samples(frames: np.ndarray, rate: int, label: str, max_seconds: f
             f"{label} is only {seconds:.2f} s long; use at least {MIN_SECONDS} s of clear speech "
             "(5 to 15 s works best)"
         )
-    peak = float(np.abs(mono).max())
     if peak < 10 ** (SILENCE_DBFS / 20):
         level = "-inf" if peak == 0 else f"{20 * math.log10(peak):.0f}"
         raise InputError(

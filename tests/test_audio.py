@@ -76,6 +76,38 @@ def test_browser_recording_bytes_load_through_ffmpeg(clips, speech):
     assert abs(len(samples) - len(speech)) < 0.1 * SAMPLE_RATE
 
 
+def open_descriptors() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+@pytest.mark.skipif(not hasattr(os, "memfd_create"), reason="memory files are Linux's")
+def test_uploaded_bytes_reach_libsndfile_as_a_memory_file_it_reads_without_python(clips, speech, monkeypatch):
+    """From a Python file object libsndfile calls back into Python for every 8 KB (each call waits
+    for the GIL beside a busy thread); uploads go to it by the path of an anonymous memory file, which
+    is closed after, also when the bytes are not audio."""
+    opened = []
+    real = sf.SoundFile.__init__
+    monkeypatch.setattr(sf.SoundFile, "__init__", lambda self, file, *a, **k: opened.append(file) or real(self, file, *a, **k))
+    before = open_descriptors()
+    assert np.array_equal(load_audio(clips.wav().read_bytes()), speech)
+    assert len(opened) == 1 and isinstance(opened[0], str) and opened[0].startswith("/proc/self/fd/")
+    with pytest.raises(InputError, match="corrupt or not an audio file"):
+        load_audio(b"this is plainly not audio " * 50)
+    assert open_descriptors() == before
+
+
+def test_without_memory_files_uploads_are_read_from_a_file_object(clips, speech, monkeypatch):
+    """Where there are none (Windows, macOS), or /proc is missing: the same samples."""
+    monkeypatch.delattr(os, "memfd_create", raising=False)
+    assert np.array_equal(load_audio(clips.wav().read_bytes()), speech)
+    assert np.array_equal(load_audio(clips.variant("mp3").read_bytes()), load_audio(clips.variant("mp3")))
+
+
+def test_a_memory_file_without_a_proc_path_falls_back_to_a_file_object(clips, speech, monkeypatch):
+    monkeypatch.setattr(os.path, "exists", lambda path: False)
+    assert np.array_equal(load_audio(clips.wav().read_bytes()), speech)
+
+
 def test_stereo_is_averaged_to_mono():
     left = tone()
     stereo = np.stack([left, np.zeros_like(left)], axis=1)
@@ -83,6 +115,7 @@ def test_stereo_is_averaged_to_mono():
 
 
 def test_a_many_channel_file_mixes_as_its_array_does_one_block_at_a_time(tmp_path, monkeypatch):
+    monkeypatch.setattr(audio, "WHOLE_READ_SAMPLES", audio.BLOCK_FRAMES)  # files above it: block by block
     rng = np.random.default_rng(3)
     channels = (0.3 * rng.standard_normal((3 * audio.BLOCK_FRAMES + 123, 6))).astype(np.float32)
     path = tmp_path / "surround.wav"
@@ -93,6 +126,16 @@ def test_a_many_channel_file_mixes_as_its_array_does_one_block_at_a_time(tmp_pat
                                                                        for b in real_blocks(self, *a, **k)))
     assert np.array_equal(load_audio(str(path)), load_audio((SAMPLE_RATE, channels)))
     assert len(read) == 4 and max(rows for rows, _ in read) == audio.BLOCK_FRAMES  # never the whole file
+
+
+def test_a_clip_of_up_to_whole_read_samples_is_read_in_one_call(clips, speech, monkeypatch):
+    """Each call into libsndfile lets go of the GIL and waits to take it back beside busy threads."""
+    reads = []
+    real_read = sf.SoundFile.read
+    monkeypatch.setattr(sf.SoundFile, "read", lambda self, *a, **k: reads.append(k) or real_read(self, *a, **k))
+    stereo = load_audio(clips.variant("stereo").read_bytes())
+    assert len(reads) == 1 and np.array_equal(load_audio(clips.wav()), speech) and len(reads) == 2
+    np.testing.assert_allclose(stereo, speech, atol=1e-4)
 
 
 @pytest.mark.parametrize("rate", [384_000, 655_350])

@@ -1,7 +1,7 @@
 """tools/profile_step.py, tools/profile_codec_calls.py and tools/profile_reference_encodes.py: their
 pure parts on the CPU, a clear refusal without CUDA, and a run on the demo model on a GPU (a check of
 the tools, not a measurement). tools/profile_startup.py: its summary of py-spy's samples, and a cold
-start and a restart of the demo model on any device."""
+start and a restart of the demo model on any device. tools/profile_clip_prepare.py: a short run."""
 
 import json
 import subprocess
@@ -98,6 +98,25 @@ def test_the_kernel_kinds_are_counted_per_call_and_sorted_by_time():
 def test_without_cuda_each_tool_says_it_needs_a_gpu(tool):
     run = run_tool(tool, "--weights", "demo", timeout=120)
     assert run.returncode == 2 and "needs a CUDA GPU" in run.stderr
+
+
+def test_profile_clip_prepare_times_each_format_as_the_engine_reads_uploads_and_from_a_file_object(tmp_path):
+    out = tmp_path / "clips.json"
+    run = run_tool("tools/profile_clip_prepare.py", "--seconds", "1", "--repeats", "1", "--formats", "wav,flac",
+                   "--json", str(out), timeout=120)
+    assert run.returncode == 0, run.stderr
+    report = json.loads(out.read_text())
+    assert list(report["formats"]) == ["wav", "flac"] and report["busy_threads"] == 1
+    for row in report["formats"].values():
+        assert row["bytes"] > 0
+        for key in ("engine_alone_ms", "engine_beside_busy_ms", "file_object_alone_ms", "file_object_beside_busy_ms"):
+            assert row[key]["max"] >= row[key]["p50"] > 0
+    assert "wav (" in run.stdout and "beside 1 busy thread" in run.stdout
+
+
+def test_profile_clip_prepare_refuses_an_unknown_format():
+    run = run_tool("tools/profile_clip_prepare.py", "--formats", "wav,aiff", timeout=60)
+    assert run.returncode == 2 and "--formats takes" in run.stderr
 
 
 def test_profile_reference_encodes_refuses_a_chunk_of_no_frames():
