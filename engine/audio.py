@@ -138,7 +138,8 @@ def _readable_by_path(data: bytes) -> Iterator[str | io.BytesIO]:
     anonymous memory file, which it reads in C; elsewhere (or where /proc is missing) a file object.
     From a file object libsndfile calls back into Python for every 8 KB it reads, and each call
     waits for the GIL: beside a thread running Python without pause, as the GPU worker does under
-    load, a 10 s WAV took ~400 ms to decode that way instead of ~2 ms (tools/profile_clip_prepare.py)."""
+    load, a 10 s WAV took ~430 ms to decode and hash that way and ~55 ms by path, ~2 ms without that
+    thread (tools/profile_clip_prepare.py)."""
     fd = None
     if hasattr(os, "memfd_create"):
         try:
@@ -201,7 +202,8 @@ def _read_mono(audio: sf.SoundFile | PipedWav, label: str) -> np.ndarray:
 
 
 def _mixed(frames: np.ndarray) -> np.ndarray:
-    """(n, channels) -> (n,) float32, the channels' mean (one channel as it is: its mean, no pass)."""
+    """(n, channels) -> (n,) float32, the channels' mean (one channel: itself, without a pass when it
+    is float32 already)."""
     if frames.shape[1] == 1:
         return frames[:, 0].astype(np.float32, copy=False)
     return frames.mean(axis=1, dtype=np.float32)
