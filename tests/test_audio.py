@@ -87,7 +87,8 @@ def test_uploaded_bytes_reach_libsndfile_as_a_memory_file_it_reads_without_pytho
     is closed after, also when the bytes are not audio."""
     opened = []
     real = sf.SoundFile.__init__
-    monkeypatch.setattr(sf.SoundFile, "__init__", lambda self, file, *a, **k: opened.append(file) or real(self, file, *a, **k))
+    monkeypatch.setattr(sf.SoundFile, "__init__",
+                        lambda self, file, *a, **k: opened.append(file) or real(self, file, *a, **k))
     before = open_descriptors()
     assert np.array_equal(load_audio(clips.wav().read_bytes()), speech)
     assert len(opened) == 1 and isinstance(opened[0], str) and opened[0].startswith("/proc/self/fd/")

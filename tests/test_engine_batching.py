@@ -297,9 +297,9 @@ def test_a_new_engine_captures_larger_batches_when_demanded_or_idle(tmp_path, mo
     graphs up to four rows are captured, and each request gets the audio it gets alone; the last
     bucket (8) is captured once the worker is idle. The reference encoder's graphs come with the
     first new clip that finds no sequence running; one that comes while sequences run encodes
-    eagerly, with the codes the graphs give it. With decode_priority
-    on: the worker thread's stream outranks the codec's; with encode_priority on (the default) the
-    reference encoder's stream ranks as the worker's."""
+    eagerly, with the codes the graphs give it. With decode_priority on: the worker thread's stream
+    outranks the codec's; with encode_priority on (the default) the reference encoder's stream ranks
+    as the worker's."""
     monkeypatch.setattr(worker_module, "IDLE_AFTER_S", 1e6)  # no idle capture until the test allows it
     engine = TTSEngine.from_config(EngineConfig(demo=True, device="cuda", precision="fp32", max_batch_size=8,
                                                 cache_dir=str(tmp_path / "cache"), voices_dir=str(tmp_path / "voices"),
