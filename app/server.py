@@ -68,7 +68,7 @@ def create_app(engine, settings: AppSettings | None = None, replicas=None) -> Fa
             allow_origins=list(settings.cors_origins),
             allow_methods=["*"],
             allow_headers=["*"],
-            expose_headers=["Content-Disposition", "X-Sample-Rate", "X-Audio-Format", "Retry-After"],
+            expose_headers=["Content-Disposition", "X-Sample-Rate", "X-Audio-Format", "Server-Timing", "Retry-After"],
             max_age=600,
         )
     _add_docs(app, guard)

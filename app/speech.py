@@ -13,7 +13,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 from starlette.requests import Request
@@ -39,6 +39,9 @@ class StreamStats:
     samples: int = 0
     ttfa_s: float | None = None
     total_s: float = 0.0
+    # The engine's stages until the first audio, ms (TTSEngine.request_timeline), once it is there; a
+    # cluster's replicas keep theirs in their logs.
+    timeline_ms: dict[str, float] = field(default_factory=dict)
 
     @property
     def audio_s(self) -> float:
@@ -94,11 +97,13 @@ class SpeechService:
         """Yields float32 chunks; `stats` is updated as they come. The audio counter grows with each
         chunk, so it shows the work done, a request cut short included."""
         start = time.perf_counter()
-        chunks = self.engine.synthesize_stream(text, params=params, **voice.engine_kwargs())
+        figures: dict = {}
+        chunks = self.engine.synthesize_stream(text, params=params, stats=figures, **voice.engine_kwargs())
         try:
             for chunk in chunks:
                 if stats.ttfa_s is None:
                     stats.ttfa_s = time.perf_counter() - start
+                    stats.timeline_ms = dict(figures.get("timeline_ms") or {})
                 stats.samples += len(chunk)
                 stats.total_s = time.perf_counter() - start
                 self.metrics.observe_audio(len(chunk) / stats.sample_rate)
@@ -128,13 +133,22 @@ class SpeechService:
         self.metrics.observe_synthesis(s.get("audio_s", 0.0), s.get("total_s", 0.0), s.get("ttfa_s"))
 
 
-def audio_headers(fmt: str, sample_rate: int) -> dict[str, str]:
+def audio_headers(fmt: str, sample_rate: int, stats: StreamStats | None = None) -> dict[str, str]:
     # Raw PCM carries no header, so say what it is.
-    return {
+    headers = {
         "Content-Disposition": f"attachment; filename=audio.{fmt}",
         "X-Sample-Rate": str(sample_rate),
         "X-Audio-Format": fmt,
     }
+    if stats is not None and stats.timeline_ms:
+        headers["Server-Timing"] = server_timing(stats.timeline_ms)
+    return headers
+
+
+def server_timing(timeline_ms: dict[str, float]) -> str:
+    """The engine's stages until the first audio as a Server-Timing header (W3C; browsers' developer
+    tools show it): where a request's time to first audio went, in ms, stage after stage."""
+    return ", ".join(f"{stage};dur={ms:.1f}" for stage, ms in timeline_ms.items())
 
 
 async def _collect(chunks: AsyncIterator[np.ndarray]) -> list[np.ndarray]:
@@ -152,7 +166,7 @@ async def whole_audio(request: Request, synth: SpeechService, text: str, voice: 
         return Response(status_code=CLIENT_CLOSED_REQUEST)
     audio = np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.float32)
     data, rate = await call_in_thread(lambda: encode_whole(audio, synth.sample_rate, spec))
-    return Response(data, media_type=MIME_TYPES[spec.format], headers=audio_headers(spec.format, rate))
+    return Response(data, media_type=MIME_TYPES[spec.format], headers=audio_headers(spec.format, rate, stats))
 
 
 async def audio_bytes(
@@ -167,6 +181,8 @@ async def audio_bytes(
 
 
 async def streamed_audio(synth: SpeechService, text: str, voice: Voice, params, spec: OutputSpec) -> StreamingResponse:
-    chunks = await audio_bytes(synth, text, voice, params, spec)
+    stats = StreamStats(synth.sample_rate)
+    chunks = await audio_bytes(synth, text, voice, params, spec, stats)  # the first audio is there
     rate = spec.rate(synth.sample_rate)
-    return StreamingResponse(chunks, media_type=MIME_TYPES[spec.format], headers=audio_headers(spec.format, rate))
+    return StreamingResponse(chunks, media_type=MIME_TYPES[spec.format],
+                             headers=audio_headers(spec.format, rate, stats))

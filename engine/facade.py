@@ -122,7 +122,9 @@ class TTSEngine:
     def synthesize_stream(self, text: str, *, references: Sequence[ReferenceInput] = (), voice: str | None = None,
                           params: SamplingParams | None = None, stats: dict | None = None) -> Iterator[np.ndarray]:
         """Yield float32 audio chunks as they are produced (one per text chunk). `stats`, when given,
-        gets the request's figures as the stream ends, as SynthesisResult.stats has them."""
+        gets the request's figures as the stream ends, as SynthesisResult.stats has them; its
+        `timeline_ms` (request_timeline: the stages until the first audio) and `ttfa_s` are there
+        before the first chunk is yielded."""
         for chunk in self._stream_chunks(text, references, voice, params, stats={} if stats is None else stats):
             yield chunk.samples
 
@@ -284,6 +286,7 @@ class TTSEngine:
                     continue
                 if not samples:
                     stats["ttfa_s"] = time.perf_counter() - started
+                    stats["timeline_ms"] = request_timeline(called, started, job.marks, stats["ttfa_s"])
                 samples += chunk.samples.shape[0]
                 yield chunk
         except Exception:

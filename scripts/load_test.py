@@ -16,7 +16,9 @@ makes its clips from a --clip-seed of its own, so a second run against the same 
 rest use the model's own voice; each level also reports its percentiles per kind of voice. Per request: time to first audio (first PCM bytes at the client),
 real-time factor (wall time / audio duration), audio seconds, underrun (how long a listener who
 starts playing at the first audio would wait for more), and the error if any (429 answers are
-counted as rejected). Per level: audio-seconds per second overall and percentiles.
+counted as rejected), and the engine's stages until the first audio (from the engine in process, over
+HTTP from the answer's Server-Timing header). Per level: audio-seconds per second overall and
+percentiles.
 """
 
 from __future__ import annotations
@@ -130,15 +132,33 @@ class ServerTarget:
             raise SystemExit(f"could not save voice {voice}: {response.status_code} {response.text[:300]}")
 
     def stream(self, body: bytes, stats: dict):
-        """Seconds of audio in each read of the streamed answer (`stats`: the engine's figures, which
-        only an engine in this process gives)."""
+        """Seconds of audio in each read of the streamed answer; `stats` gets the engine's stages until
+        the first audio (timeline_ms) from the answer's Server-Timing header, where the server sends one."""
         with self.client.stream("POST", "/v1/tts", content=body, headers={"Content-Type": "application/json"}) as response:
             if response.status_code != 200:
                 raise RequestFailed(response.status_code, response.read().decode(errors="replace")[:200])
+            timeline = server_timing(response.headers.get("server-timing", ""))
+            if timeline:
+                stats["timeline_ms"] = timeline
             rate = int(response.headers.get("x-sample-rate", 44100))
             for piece in response.iter_bytes():
                 if piece:
                     yield len(piece) / 2 / rate
+
+
+def server_timing(header: str) -> dict[str, float]:
+    """{stage: ms} of a Server-Timing header ("prepared;dur=7.1, started;dur=0.4, ..."); entries
+    without a duration are left out."""
+    stages = {}
+    for entry in header.split(","):
+        name, *params = [part.strip() for part in entry.split(";")]
+        durations = [value for key, _, value in (p.partition("=") for p in params) if key == "dur"]
+        try:
+            if name and durations:
+                stages[name] = float(durations[0])
+        except ValueError:  # not a number: not ours
+            continue
+    return stages
 
 
 class EngineTarget:
@@ -184,7 +204,7 @@ def one_request(target, n: int, body: bytes) -> dict:
     # Each read's arrival (s after the request) and audio (s): where a listener would have waited.
     timeline = [[round(at - started, 4), round(seconds, 4)] for at, seconds in arrivals]
     record = {"n": n, "status": 200, **stream_record(started, arrivals), "arrivals": timeline}
-    if "timeline_ms" in stats:  # the engine's stages until the first audio (in process)
+    if "timeline_ms" in stats:  # the engine's stages until the first audio
         record["stages_ms"] = {stage: round(ms, 2) for stage, ms in stats["timeline_ms"].items()}
     return record
 

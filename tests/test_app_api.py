@@ -221,6 +221,33 @@ def test_streaming_pcm(http):
     assert_audible(decode_pcm16(data), ONE_FRAME_S, SAMPLE_RATE)
 
 
+def server_timing(headers) -> dict[str, float]:
+    """{stage: ms} from a Server-Timing header ("prepared;dur=1.2, started;dur=0.3, ...")."""
+    stages = {}
+    for entry in headers["server-timing"].split(","):
+        name, duration = entry.strip().split(";dur=")
+        stages[name] = float(duration)
+    return stages
+
+
+@pytest.mark.parametrize("streaming", [True, False])
+def test_speech_says_where_its_time_to_first_audio_went(http, streaming):
+    """The engine's stages until the first audio, in a Server-Timing header: with the first audio
+    when streaming, with the whole file otherwise; a new reference clip shows its encode."""
+    ref = base64.b64encode(reference_clip_wav(seconds=1.5 if streaming else 1.6, rate=44100)).decode()  # new
+    body = {"text": "Where did the time go?", "streaming": streaming, "format": "pcm", **FAST,
+            "references": [{"audio": ref, "text": "a tone of its own"}]}
+    data, headers = _stream(http, "/v1/tts", body)
+    stages = server_timing(headers)
+    assert list(stages) == ["prepared", "started", "voice_ready", "first_frames", "first_audio"]
+    assert all(ms >= 0 for ms in stages.values()) and stages["voice_ready"] > 0 and len(data) > 0
+    no_voice = _stream(http, "/v1/audio/speech", {"input": "No clip here.", "response_format": "pcm",
+                                                   "stream": streaming, **FAST})[1]
+    assert list(server_timing(no_voice)) == list(stages)
+    events = _stream(http, "/v1/audio/speech", {"input": "As events.", "stream_format": "sse", **FAST})[1]
+    assert events["content-type"].startswith("text/event-stream") and list(server_timing(events)) == list(stages)
+
+
 def test_client_leaving_a_stream_does_not_hurt_the_server(http):
     body = {"text": LONG_TEXT * 2, "streaming": True, "chunk_length": 100, **FAST}
     with http.stream("POST", "/v1/tts", json=body) as r:

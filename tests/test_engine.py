@@ -131,6 +131,21 @@ def test_a_request_reports_how_long_each_stage_took(engine):
         "prepared": 500.0, "started": 500.0, "voice_ready": 2000.0}
 
 
+def test_a_stream_has_its_stages_until_the_first_audio_when_that_audio_comes(engine):
+    """So that a server can say where the time went in the headers it sends with the first audio."""
+    from engine.facade import TIMELINE_STAGES
+
+    stats: dict = {}
+    params = SamplingParams(max_new_tokens=12, seed=5, chunk_length=100)
+    chunks = engine.synthesize_stream("Timed stages, one after another. " * 8, params=params, stats=stats)
+    next(chunks)
+    first = dict(stats["timeline_ms"])
+    assert list(first) == list(TIMELINE_STAGES) and "total_s" not in stats
+    assert sum(ms for stage, ms in first.items() if stage != "prepared") == pytest.approx(stats["ttfa_s"] * 1000)
+    list(chunks)
+    assert stats["timeline_ms"] == first and "total_s" in stats
+
+
 def test_stream_yields_the_same_audio_as_synthesize(engine):
     text = "First sentence here. " * 8 + "And a last one."
     params = SamplingParams(max_new_tokens=10, seed=3, chunk_length=100)

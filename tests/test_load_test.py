@@ -16,6 +16,8 @@ import load_test  # noqa: E402
 
 
 def test_load_test_drives_the_server_and_reports_each_level(tmp_path):
+    from engine.facade import TIMELINE_STAGES
+
     out = tmp_path / "load.json"
     with DemoServer(tmp_path) as server:
         assert load_test.main(["--url", server.url, "--levels", "1,3", "--requests-per-client", "2",
@@ -40,13 +42,21 @@ def test_load_test_drives_the_server_and_reports_each_level(tmp_path):
             body, kind = load_test.request_body(record["n"], args), load_test.voice_kind(record["n"])
             assert ("reference_id" in body, "references" in body) == {
                 "saved_voice": (True, False), "inline_clip": (False, True), "no_voice": (False, False)}[kind]
-        assert not any("stages_ms" in r for r in level["records"]) and "stages_ms" not in level  # over HTTP: none
+        for record in level["records"]:  # over HTTP from the answers' Server-Timing headers
+            stages = record["stages_ms"]
+            assert list(stages) == list(TIMELINE_STAGES) and all(ms >= 0 for ms in stages.values())
         ran = {load_test.voice_kind(r["n"]) for r in level["records"]}
         assert {kind for kind, summary in level["by_voice"].items() if summary} == ran
         if level["streams"] == 3:
             assert ran == set(load_test.VOICE_KINDS)  # saved voices, inline clips and the model's own voice all ran
     html = (tmp_path / "load.html").read_text()
     assert "<img" in html and "TTFA p50 ms, inline clip" in html
+
+
+def test_a_server_timing_header_gives_each_stage_with_a_duration():
+    header = "prepared;dur=6.9, started;dur=0.4, cache;desc=hit, voice_ready;dur=281, bad;dur=x"
+    assert load_test.server_timing(header) == {"prepared": 6.9, "started": 0.4, "voice_ready": 281.0}
+    assert load_test.server_timing("") == {}
 
 
 def test_load_test_in_process_sends_the_same_requests_to_an_engine_here(tmp_path, monkeypatch):

@@ -65,7 +65,9 @@ class RemoteEngine:
             return response.result()
 
     def synthesize_stream(self, text: str, *, references: Sequence[ReferenceInput] = (), voice: str | None = None,
-                          params: SamplingParams | None = None) -> Iterator[np.ndarray]:
+                          params: SamplingParams | None = None, stats: dict | None = None) -> Iterator[np.ndarray]:
+        """As TTSEngine.synthesize_stream, on a replica; `stats` stays empty (the replica logs the
+        request's figures)."""
         chunks = self._call(self._handle.options(stream=True).stream, text, references, voice, params)
         try:
             with translated_errors():
