@@ -27,7 +27,7 @@ from .body import JSON, MSGPACK, read_body
 from .errors import HTTPProblem, error_responses
 from .openapi import request_body
 from .settings import AppSettings
-from .speech import SpeechService, StreamStats, Voice, audio_bytes, server_timing, streamed_audio
+from .speech import SpeechService, StreamStats, Voice, audio_bytes, streamed_audio, timing_headers
 
 MODEL_ID = "s1-mini"
 # OpenAI's model names, served by the same model so that clients written for OpenAI work unchanged.
@@ -121,9 +121,8 @@ def build_router(synth: SpeechService, settings: AppSettings) -> APIRouter:
         stats = StreamStats(synth.sample_rate)
         chunks = await audio_bytes(synth, body.input, voice, params, spec, stats)
         events = _sse_events(chunks, lambda: _usage(synth, body.input, stats))
-        timing = {"Server-Timing": server_timing(stats.timeline_ms)} if stats.timeline_ms else {}
         return StreamingResponse(events, media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache", **timing})
+                                 headers={"Cache-Control": "no-cache", **timing_headers(stats)})
 
     return router
 

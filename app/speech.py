@@ -39,8 +39,8 @@ class StreamStats:
     samples: int = 0
     ttfa_s: float | None = None
     total_s: float = 0.0
-    # The engine's stages until the first audio, ms (TTSEngine.request_timeline), once it is there; a
-    # cluster's replicas keep theirs in their logs.
+    # The engine's stages until the first audio, ms (engine.facade.request_timeline), once it is
+    # there; a cluster's replicas keep theirs in their logs.
     timeline_ms: dict[str, float] = field(default_factory=dict)
 
     @property
@@ -135,20 +135,21 @@ class SpeechService:
 
 def audio_headers(fmt: str, sample_rate: int, stats: StreamStats | None = None) -> dict[str, str]:
     # Raw PCM carries no header, so say what it is.
-    headers = {
+    return {
         "Content-Disposition": f"attachment; filename=audio.{fmt}",
         "X-Sample-Rate": str(sample_rate),
         "X-Audio-Format": fmt,
+        **timing_headers(stats),
     }
-    if stats is not None and stats.timeline_ms:
-        headers["Server-Timing"] = server_timing(stats.timeline_ms)
-    return headers
 
 
-def server_timing(timeline_ms: dict[str, float]) -> str:
+def timing_headers(stats: StreamStats | None) -> dict[str, str]:
     """The engine's stages until the first audio as a Server-Timing header (W3C; browsers' developer
-    tools show it): where a request's time to first audio went, in ms, stage after stage."""
-    return ", ".join(f"{stage};dur={ms:.1f}" for stage, ms in timeline_ms.items())
+    tools show it): where a request's time to first audio went, in ms, stage after stage. None
+    before the first audio, or from a cluster."""
+    if stats is None or not stats.timeline_ms:
+        return {}
+    return {"Server-Timing": ", ".join(f"{stage};dur={ms:.1f}" for stage, ms in stats.timeline_ms.items())}
 
 
 async def _collect(chunks: AsyncIterator[np.ndarray]) -> list[np.ndarray]:
