@@ -32,6 +32,8 @@ SILENCE_DBFS = -60.0  # a clip whose peak is below this holds no usable speech
 MAX_SAMPLE_RATE = 192_000
 BLOCK_FRAMES = 1 << 16  # frames read at a time, then mixed to one channel
 WHOLE_READ_SAMPLES = 1 << 22  # files of up to this many samples (16 MB in float32) are read at once
+# Uploads reach libsndfile as anonymous memory files, by their /proc path (see _readable_by_path).
+MEMORY_FILES = hasattr(os, "memfd_create") and os.path.isdir("/proc/self/fd")
 
 AudioSource = Union[bytes, bytearray, memoryview, str, os.PathLike, tuple]
 
@@ -141,23 +143,20 @@ def _readable_by_path(data: bytes) -> Iterator[str | io.BytesIO]:
     load, a 10 s WAV took ~430 ms to decode and hash that way and ~55 ms by path, ~2 ms without that
     thread (tools/profile_clip_prepare.py)."""
     fd = None
-    if hasattr(os, "memfd_create"):
+    if MEMORY_FILES:
         try:
             fd = os.memfd_create("s1-mini-upload")
         except OSError:
-            fd = None
-    try:
-        if fd is not None:
-            with open(fd, "wb", closefd=False) as memory_file:
-                memory_file.write(data)
-            path = f"/proc/self/fd/{fd}"
-            if os.path.exists(path):
-                yield path
-                return
+            pass
+    if fd is None:
         yield io.BytesIO(data)
+        return
+    try:
+        with open(fd, "wb", closefd=False) as memory_file:
+            memory_file.write(data)
+        yield f"/proc/self/fd/{fd}"
     finally:
-        if fd is not None:
-            os.close(fd)
+        os.close(fd)
 
 
 def _decode_soundfile(handle, label: str, max_seconds: float | None) -> tuple[np.ndarray, int] | None:

@@ -102,16 +102,21 @@ class EngineCore:
         """Capture the graphs not captured yet (see GraphCapture.capture_more), only while no
         sequence runs and the codec is idle; otherwise it captures nothing. Returns whether it
         captured and graphs remain."""
-        if not (self.scheduler.drained and not self.codec_runner.pending):
+        if not self._nothing_runs:
             return False
         return self.graphs.capture_more(up_to, encodes_idle=not self.clip_encodes.busy)
+
+    @property
+    def _nothing_runs(self) -> bool:
+        """No sequence runs or waits for its read-back and the codec is idle: graphs may be captured."""
+        return self.scheduler.drained and not self.codec_runner.pending
 
     def _capture_encoder_if_nothing_runs(self) -> None:
         """Before a batch of new clips, while no encode runs: the encoder's graphs, when they are
         still missing and no sequence runs (a client whose requests come one after another leaves the
         worker no idle time for them). With sequences running the clips encode eagerly: the capture
         would hold up their steps."""
-        if self.graphs.encoder_pending and self.scheduler.drained and not self.codec_runner.pending:
+        if self.graphs.encoder_pending and self._nothing_runs:
             self.graphs.capture_encoder()
 
     def start(self, request: PreparedRequest, job: Job) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import json
+import sys
 import threading
 
 import httpx
@@ -17,6 +18,7 @@ from tests.test_app_support import (
     ONE_FRAME_S,
     SAMPLE_RATE,
     SAMPLES_PER_FRAME,
+    ROOT,
     DemoServer,
     assert_audible,
     assert_audio,
@@ -25,6 +27,9 @@ from tests.test_app_support import (
     metric_value,
     reference_clip_wav,
 )
+
+sys.path.insert(0, str(ROOT / "scripts"))
+import load_test  # noqa: E402
 
 EMPTY_WAV = reference_clip_wav(seconds=0.0)  # a header and no samples
 
@@ -222,12 +227,8 @@ def test_streaming_pcm(http):
 
 
 def server_timing(headers) -> dict[str, float]:
-    """{stage: ms} from a Server-Timing header ("prepared;dur=1.2, started;dur=0.3, ...")."""
-    stages = {}
-    for entry in headers["server-timing"].split(","):
-        name, duration = entry.strip().split(";dur=")
-        stages[name] = float(duration)
-    return stages
+    """{stage: ms} of the answer's Server-Timing header, read as the load test reads it."""
+    return load_test.server_timing(headers["server-timing"])
 
 
 @pytest.mark.parametrize("streaming", [True, False])
