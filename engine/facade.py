@@ -246,7 +246,8 @@ class TTSEngine:
         started = time.perf_counter()
         while self._core.graphs.pending:
             if time.perf_counter() - started > timeout_s:
-                raise RuntimeError(f"the engine stayed busy for {timeout_s:.0f} s: no batch graphs captured")
+                raise RuntimeError(f"the engine stayed busy for {timeout_s:.0f} s: its remaining graphs "
+                                   "(larger batches, reference encoder) were not captured")
             if self._worker.in_flight == 0 and self._worker.call(lambda: self._core.capture_more(self.slots)):
                 continue
             time.sleep(0.01)  # requests still running, or their last step's read-back: try again

@@ -291,10 +291,10 @@ def wait_for_all_slots(client, limit_s: float = 900.0) -> None:
             raise SystemExit(f"the server runs at most {ready['slots_ready']} of {ready['slots']} sequences at once: "
                              "capturing a larger batch's graphs failed; see its log")
         if time.monotonic() > deadline:
-            raise SystemExit(f"the server still runs at most {ready['slots_ready']} of {ready['slots']} sequences "
-                             f"at once after {limit_s:.0f} s; see its log")
-        print(f"waiting for the server's batch graphs: {ready['slots_ready']} of {ready['slots']} sequences "
-              "at once so far", file=sys.stderr)
+            raise SystemExit(f"the server is still capturing graphs after {limit_s:.0f} s ({ready['slots_ready']} "
+                             f"of {ready['slots']} sequences at once so far, then the reference encoder's); see its log")
+        print(f"waiting for the server's graphs: {ready['slots_ready']} of {ready['slots']} sequences at once so far, "
+              "then the reference encoder's", file=sys.stderr)
         time.sleep(2.0)
 
 
