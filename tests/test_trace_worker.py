@@ -76,9 +76,9 @@ def test_the_summary_says_how_full_the_steps_and_codec_calls_were_and_how_long_s
     import trace_worker
 
     spans = [["admit", "w", 1.0, 1.001, [2, 0, 0], [2, 0, 0]], ["step", "w", 1.001, 1.002, 2, 2],
-             ["retire", "w", 1.003, 1.004, 0, 0],
+             ["retire", "w", 1.003, 1.004, [0], [0]],
              ["admit", "w", 1.01, 1.011, [3, 2, 0], [3, 2, 0]], ["step", "w", 1.011, 1.012, 4, 4],
-             ["start", "w", 1.054, 1.055, [0, 3], [0, 3]],
+             ["start", "w", 1.054, 1.055, [[0, 11], [3, 12]], [[0, 11], [3, 12]]],
              ["codec_submit", "w", 1.02, 1.021, 3, 3], ["codec_submit", "w", 1.03, 1.031, 1, 1]]
     lines = trace_worker.load_lines(spans)
     assert "steps: 2 with sequences, 3.0 rows on average, 4 at most" in lines
@@ -97,16 +97,26 @@ def test_the_summary_says_how_fast_steps_came_and_where_a_slots_turnover_went():
     spans = [["step", "w", 1.0, 1.001, 2, 2], ["step", "w", 1.5, 1.501, 2, 2], ["step", "w", 2.0, 2.001, 0, 0],
              ["frame_counts_wait", "w", 1.1, 1.11, None, None], ["frame_counts_wait", "w", 1.13, 1.14, None, None],
              ["frame_counts_wait", "w", 1.19, 1.2, None, None], ["frame_counts_wait", "w", 1.3, 1.31, None, None],
-             ["retire", "w", 1.2, 1.21, 0, 0], ["job_submit", "h", 1.31, 1.311, None, None],
-             ["job_submit", "h", 1.05, 1.051, None, None],  # before the retirement: not its successor
-             ["start", "w", 1.35, 1.351, [0], [0]]]
+             # request 7 reaches the worker 40 ms after slot 0 emptied and starts there 100 ms later
+             ["retire", "w", 1.2, 1.21, [0], [0]], ["job_run", "w", 1.25, 1.26, 7, 7],
+             ["start", "w", 1.35, 1.351, [[0, 7]], [[0, 7]]],
+             # request 8 was taken before slot 1 emptied: all of that slot's empty time is its own wait
+             ["job_run", "w", 1.0, 1.01, 8, 8], ["retire", "w", 1.05, 1.1, [1, 3], [1, 3]],
+             ["start", "w", 1.3, 1.301, [[1, 8]], [[1, 8]]],
+             # request 9: 20 ms after slot 3 emptied (retired with slot 1), started 50 ms later
+             ["job_run", "w", 1.12, 1.13, 9, 9], ["start", "w", 1.17, 1.171, [[3, 9]], [[3, 9]]],
+             # request 7's next text chunk, and a sequence of no known request: not a request's first start
+             ["retire", "w", 1.5, 1.51, [2], [2]], ["start", "w", 1.6, 1.601, [[2, 7], [4, None]], [[2, 7], [4, None]]]]
     lines = trace_worker.pace_lines(spans)
     assert "batched steps: 2 a second" in lines  # two steps with rows, 0.5 s apart
     # 20, 50 and 100 ms (the nearest rank below, as the other percentiles here)
     assert "host work between two frame-count read-backs: p50 50.0 ms, p90 50.0 ms" in lines
-    assert "a retirement to the next request's submission: p50 100 ms, p90 100 ms" in lines
-    # the submission at 1.05 s pairs with the only start (300 ms); the one at 1.31 s finds none after it
-    assert "a submission to its start in a slot: p50 300 ms, p90 300 ms" in lines
+    # from the worker taking each request to its start: 100, 300 and 50 ms
+    assert ("a request from the worker taking it to its first start in a slot (its clips' encodes, admission, "
+            "prefill): p50 100 ms, p90 100 ms") in lines
+    # slot 0: 40 ms then 100 ms; slot 1: 0 then 200 ms; slot 3: 20 then 50 ms
+    assert ("a slot's empty time until the worker took its next request (the last audio, the client's turn): "
+            "p50 20 ms, p90 20 ms; from then to its start: p50 100 ms, p90 100 ms") in lines
 
 
 def test_the_gpu_summary_gives_the_union_of_the_gpu_spans_and_its_idle_gaps():

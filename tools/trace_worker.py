@@ -40,17 +40,25 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # the engine: summaries use its buckets
 
+
+def job_id(owner) -> int | None:
+    """The id of the worker's job a sequence's owner (a request) runs for, as `job_run` records it."""
+    job = getattr(owner, "job", None)
+    return None if job is None else id(job)
+
+
 # (module, class, method, span name, what to record before and after the call)
 TIMED = [
     ("engine.runtime.worker", "GPUWorker", "submit", "job_submit", None),
-    ("engine.runtime.worker", "GPUWorker", "_run", "job_run", None),
+    ("engine.runtime.worker", "GPUWorker", "_run", "job_run", lambda s, a: id(a[0])),
     ("engine.core", "EngineCore", "step", "iterate",
      lambda s, a: (s.scheduler.running, s.scheduler.waiting)),
     ("engine.runtime.decode_loop", "DecodeLoop", "_admit", "admit",
      lambda s, a: (len(s.scheduler._running), len(s.scheduler._waiting), s.scheduler._deferred)),
     ("engine.runtime.batch_runner", "BatchRunner", "step", "step", lambda s, a: a[0]),
-    ("engine.runtime.batch_runner", "BatchRunner", "admit", "start", lambda s, a: [x.slot for x in a[0]]),
-    ("engine.runtime.batch_runner", "BatchRunner", "stop", "retire", lambda s, a: a[0][0] if a[0] else None),
+    ("engine.runtime.batch_runner", "BatchRunner", "admit", "start",
+     lambda s, a: [[x.slot, job_id(x.owner)] for x in a[0]]),
+    ("engine.runtime.batch_runner", "BatchRunner", "stop", "retire", lambda s, a: list(a[0])),
     ("engine.runtime.batch_runner", "FrameCounts", "wait", "frame_counts_wait", None),
     ("engine.runtime.step_runner", "StepRunner", "prefill_many", "prefill_many", lambda s, a: len(a[0])),
     ("engine.runtime.step_runner", "StepRunner", "prefill", "prefill", None),
@@ -227,10 +235,10 @@ def load_lines(spans: list[list]) -> list[str]:
                      f"requests waited, {idle / len(admits):.2f} while none did")
     retired, empty_ms = {}, []  # retired: slot -> when its sequence left
     for name, _, start, end, seen, _ in sorted((s for s in spans if s[0] in ("retire", "start")), key=lambda s: s[2]):
-        if name == "retire":  # seen: the slot
-            retired[seen] = end
-        else:  # seen: the slots started
-            empty_ms += [(start - retired.pop(slot)) * 1000 for slot in seen if slot in retired]
+        if name == "retire":  # seen: the slots
+            retired.update(dict.fromkeys(seen, end))
+        else:  # seen: [slot, job id] of each sequence started
+            empty_ms += [(start - retired.pop(slot)) * 1000 for slot, _ in seen if slot in retired]
     if empty_ms:
         p50, p90 = p50_p90(empty_ms)
         lines.append(f"a slot empty from a retirement to the next start there: {len(empty_ms)} times, p50 "
@@ -249,10 +257,9 @@ def load_lines(spans: list[list]) -> list[str]:
 def pace_lines(spans: list[list]) -> list[str]:
     """How fast the steps came and what held the host: batched steps per second; the host's work
     between two read-backs of frame counts (while it works, the GPU runs only the steps queued
-    before: Scheduler.read_back_lag); and a slot's turnover split in two, a retirement to the next
-    request's submission (its last audio, the client's turn) and a submission to its start in a
-    slot (the worker's queue, admission). Requests are not named in the trace: each retirement is
-    paired with the first submission after it, and each submission with the first start after it."""
+    before: Scheduler.read_back_lag); a request's wait from the worker taking it to its first start
+    in a slot; and a slot's empty time split at the moment the worker took the request that next
+    starts there: before it, the last audio and the client's turn; after it, that request's own wait."""
     lines = []
     steps = sorted(s[2] for s in spans if s[0] == "step" and s[4])
     if len(steps) > 1:
@@ -261,26 +268,33 @@ def pace_lines(spans: list[list]) -> list[str]:
     if len(waits) > 1:
         p50, p90 = p50_p90([(nxt[0] - prev[1]) * 1000 for prev, nxt in zip(waits, waits[1:])])
         lines.append(f"host work between two frame-count read-backs: p50 {p50:.1f} ms, p90 {p90:.1f} ms")
-
-    def first_after(times: list[float], later: list[float]) -> list[float]:
-        gaps, j = [], 0
-        for t in times:
-            while j < len(later) and later[j] < t:
-                j += 1
-            if j == len(later):
-                break
-            gaps.append((later[j] - t) * 1000)
-            j += 1
-        return gaps
-
-    retired = sorted(s[3] for s in spans if s[0] == "retire")
-    submitted = sorted(s[2] for s in spans if s[0] == "job_submit")
-    started = sorted(s[2] for s in spans if s[0] == "start" for _ in s[4])
-    for what, gaps in (("a retirement to the next request's submission", first_after(retired, submitted)),
-                       ("a submission to its start in a slot", first_after(submitted, started))):
-        if gaps:
-            p50, p90 = p50_p90(gaps)
-            lines.append(f"{what}: p50 {p50:.0f} ms, p90 {p90:.0f} ms")
+    taken: dict[int, float] = {}  # job id -> when the worker took it, until its first start
+    retired: dict[int, float] = {}  # slot -> when its sequence left
+    to_start_ms, before_ms, after_ms = [], [], []
+    events = sorted((s for s in spans if s[0] in ("job_run", "retire", "start")), key=lambda s: s[2])
+    for name, _, start, end, seen, _ in events:
+        if name == "job_run":  # an id is reused only after its job is gone: the latest run is its job's
+            taken[seen] = start
+        elif name == "retire":
+            retired.update(dict.fromkeys(seen, end))
+        else:
+            for slot, job in seen:
+                left = retired.pop(slot, None)
+                took = taken.pop(job, None) if job is not None else None
+                if took is None:  # a later text chunk of its request, or a job from before the trace
+                    continue
+                to_start_ms.append((start - took) * 1000)
+                if left is not None:
+                    before_ms.append(max(0.0, took - left) * 1000)
+                    after_ms.append((start - max(took, left)) * 1000)
+    if to_start_ms:
+        p50, p90 = p50_p90(to_start_ms)
+        lines.append(f"a request from the worker taking it to its first start in a slot (its clips' encodes, "
+                     f"admission, prefill): p50 {p50:.0f} ms, p90 {p90:.0f} ms")
+    if before_ms:
+        (b50, b90), (a50, a90) = p50_p90(before_ms), p50_p90(after_ms)
+        lines.append(f"a slot's empty time until the worker took its next request (the last audio, the client's "
+                     f"turn): p50 {b50:.0f} ms, p90 {b90:.0f} ms; from then to its start: p50 {a50:.0f} ms, p90 {a90:.0f} ms")
     return lines
 
 
