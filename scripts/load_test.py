@@ -434,7 +434,8 @@ def run_levels(target, args, levels: list[int]) -> list[dict]:
               f"(rejected {s['rejected']})")
         print("      TTFA p50 / p95 by voice: " + ", ".join(
             f"{kind} {summary['ttfa_ms_p50']:.0f} / {summary['ttfa_ms_p95']:.0f} ms"
-            for kind, summary in s["by_voice"].items() if summary))
+            for kind, summary in s["by_voice"].items() if summary)
+            + f"; before the first audio: {s.get('before_first_audio_pct', 0):.1f} % of the requests' time")
         for kind, summary in s["by_voice"].items():
             if summary.get("stages_ms"):
                 print(f"      {kind} until the first audio, ms p50 / p95: " + ", ".join(

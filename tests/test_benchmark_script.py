@@ -148,9 +148,11 @@ def test_a_level_names_the_audio_length_of_its_slowest_request():
     sys.path.insert(0, str(ROOT / "scripts"))
     from reports import level_summary
 
-    records = [{"ttfa_ms": 250.0, "rtf": 0.2, "audio_s": 10.0, "underrun_s": 0.0},
-               {"ttfa_ms": 270.0, "rtf": 1.03, "audio_s": 0.28, "underrun_s": 0.0},
-               {"ttfa_ms": 240.0, "rtf": 0.3, "audio_s": 9.0, "underrun_s": 0.0}]
+    records = [{"ttfa_ms": 250.0, "rtf": 0.2, "audio_s": 10.0, "total_s": 2.0, "underrun_s": 0.0},
+               {"ttfa_ms": 270.0, "rtf": 1.03, "audio_s": 0.28, "total_s": 0.2884, "underrun_s": 0.0},
+               {"ttfa_ms": 240.0, "rtf": 0.3, "audio_s": 9.0, "total_s": 2.7, "underrun_s": 0.0}]
     summary = level_summary(records)
     assert summary["rtf_max"] == 1.03 and summary["rtf_max_audio_s"] == 0.28
     assert summary["faster_than_real_time"] == 2
+    # 0.76 s of first-audio waits in 4.9884 s of requests
+    assert summary["before_first_audio_pct"] == pytest.approx(100 * 0.76 / 4.9884)
