@@ -280,6 +280,7 @@ class TTSEngine:
         started = time.perf_counter()
         job = self._worker.submit(lambda j: self._core.start(request, j))
         frames, samples = 0, 0
+        timeline = None  # from the first audio on (job marks are first-time only: it then stands)
         try:
             for chunk in job.results():
                 frames += chunk.frames
@@ -287,7 +288,7 @@ class TTSEngine:
                     continue
                 if not samples:
                     stats["ttfa_s"] = time.perf_counter() - started
-                    stats["timeline_ms"] = request_timeline(called, started, job.marks, stats["ttfa_s"])
+                    stats["timeline_ms"] = timeline = request_timeline(called, started, job.marks, stats["ttfa_s"])
                 samples += chunk.samples.shape[0]
                 yield chunk
         except Exception:
@@ -299,7 +300,8 @@ class TTSEngine:
                      frames_per_s=frames / total if total else None, seed=request.seed)
         self._last_frames_per_s = stats["frames_per_s"]
         self._count(requests_total=1, frames_total=frames, audio_seconds_total=audio_s)
-        stats["timeline_ms"] = timeline = request_timeline(called, started, job.marks, stats.get("ttfa_s"))
+        if timeline is None:  # no audio: the stages the request reached
+            stats["timeline_ms"] = timeline = request_timeline(called, started, job.marks, None)
         logger.info("request: {:.1f} s of audio in {:.2f} s; {}", audio_s, total,
                     ", ".join(f"{stage} {ms:.0f} ms" for stage, ms in timeline.items()))
 
