@@ -127,6 +127,8 @@ def test_the_gpu_summary_gives_the_union_of_the_gpu_spans_and_its_idle_gaps():
              ["gpu_codec", "gpu", 1.002, 1.010, [8, 32], None],  # overlaps the step: counted once
              ["gpu_step", "gpu", 1.012, 1.016, [64, 512], None],  # after a 2 ms gap
              ["gpu_codec", "gpu", 1.0164, 1.020, [4, 4], None],  # after a 0.4 ms gap
+             ["gpu_encode", "gpu", 1.001, 1.003, [3, 215], None],  # inside the others
+             ["gpu_encode", "gpu", 1.005, 1.009, [1, 215], None],
              ["step", "s1-gpu-worker", 0.5, 0.6, 64, 64]]  # a host span: not the GPU's
     lines = trace_worker.gpu_lines(spans)
     # busy 10 + 4 + 3.6 ms of 20
@@ -134,6 +136,8 @@ def test_the_gpu_summary_gives_the_union_of_the_gpu_spans_and_its_idle_gaps():
     assert "gpu_step: 2 spans, p50 4.00 ms" in lines
     assert "gpu_codec, 4 frames: 1 calls of 4.0 rows, span p50 3.60 ms" in lines
     assert "gpu_codec, 32 frames: 1 calls of 8.0 rows, span p50 8.00 ms" in lines
+    assert "gpu_encode, 1 clips: 1 passes, span p50 4.0 ms, p90 4.0 ms" in lines
+    assert "gpu_encode, 3 clips: 1 passes, span p50 2.0 ms, p90 2.0 ms" in lines
     assert "the codec's stream with a call: 58.0% of the time" in lines  # 8 + 3.6 ms of 20
     assert trace_worker.gpu_lines(spans[-1:]) == []
 
@@ -173,7 +177,7 @@ def test_gpu_events_bracket_the_steps_and_codec_calls_of_an_in_process_load_test
     assert run.returncode == 0, run.stderr[-2000:]
     spans = json.loads(trace.read_text())
     gpu = [s for s in spans if s[1] == "gpu"]
-    assert {"gpu_step", "gpu_codec", "gpu_prefill"} <= {s[0] for s in gpu}
+    assert {"gpu_step", "gpu_codec", "gpu_prefill", "gpu_encode"} <= {s[0] for s in gpu}  # the warm-up's clip
     host_steps = [s for s in spans if s[0] == "step"]
     for name, _, start, end, _, _ in gpu:
         assert 0 <= start <= end

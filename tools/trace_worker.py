@@ -16,10 +16,11 @@ exits, Ctrl+C included. A few microseconds per timed call: compare traced runs w
 
 With --gpu-events (CUDA), the GPU work the worker queues (batched steps, prefills, codec calls) is
 also bracketed by CUDA events, written as spans of thread "gpu" on the same clock (`gpu_step`
-(batch, kv needed), `gpu_prefill`, `gpu_codec` (rows, frames)): a span runs from when its stream
-reached the call's first work to when it finished the call's last. The codec's stream and the
-steps' take turns on the GPU, so a codec span also covers the steps run inside it; the union of all
-spans is the time the GPU had work, and the summary gives the rest as the GPU's idle share.
+(batch, kv needed), `gpu_prefill`, `gpu_codec` (rows, frames), `gpu_encode` (a pass of reference
+clips: clips, frames of the longest)): a span runs from when its stream reached the call's first
+work to when it finished the call's last. The codec's and the encoder's streams take turns on the
+GPU with the steps', so their spans also cover the steps run inside them; the union of all spans is
+the time the GPU had work, and the summary gives the rest as the GPU's idle share.
 """
 
 from __future__ import annotations
@@ -77,6 +78,7 @@ GPU_TIMED = [
     ("engine.runtime.step_runner", "StepRunner", "prefill", "gpu_prefill", lambda s, a: 1),
     ("engine.runtime.codec_runner", "CodecRunner", "_decode", "gpu_codec",
      lambda s, a: [len(a[1]), int(a[0].shape[-1])]),
+    ("engine.runtime.reference_encoder", "ReferenceEncoder", "_encode", "gpu_encode", lambda s, a: [len(a[0]), a[1]]),
 ]
 
 
@@ -337,6 +339,13 @@ def gpu_lines(spans: list[list]) -> list[str]:
         ms = sorted(m for m, _ in calls)
         lines.append(f"gpu_codec, {frames} frames: {len(calls)} calls of {statistics.mean(r for _, r in calls):.1f} rows, "
                      f"span p50 {statistics.median(ms):.2f} ms")
+    passes: dict[int, list[float]] = {}  # clips in a pass -> its spans (ms)
+    for s in gpu:
+        if s[0] == "gpu_encode":
+            passes.setdefault(s[4][0], []).append((s[3] - s[2]) * 1000)
+    for clips, ms in sorted(passes.items()):
+        p50, p90 = p50_p90(ms)
+        lines.append(f"gpu_encode, {clips} clips: {len(ms)} passes, span p50 {p50:.1f} ms, p90 {p90:.1f} ms")
     return lines
 
 
