@@ -119,6 +119,20 @@ def test_the_summary_says_how_fast_steps_came_and_where_a_slots_turnover_went():
             "p50 20 ms, p90 20 ms; from then to its start: p50 100 ms, p90 100 ms") in lines
 
 
+def test_the_summary_times_a_sequences_last_audio_from_its_retirement():
+    sys.path.insert(0, str(ROOT / "tools"))
+    import trace_worker
+
+    spans = [["start", "w", 1.0, 1.001, [[0, 7], [1, 8]], None],
+             ["deliver", "w", 1.2, 1.201, [7, 4, False], None],  # a first hand-out: not the last audio
+             ["retire", "w", 1.3, 1.31, [0, 1], None],
+             ["deliver", "w", 1.33, 1.331, [8, 12, True], None],  # 20 ms after its retirement
+             ["deliver", "w", 1.35, 1.351, [7, 20, True], None],  # 40 ms
+             ["deliver", "w", 1.4, 1.401, [9, 3, True], None]]  # a request that never started in the trace
+    lines = trace_worker.pace_lines(spans)
+    assert "a sequence's retirement to its last audio handed to its request: p50 30 ms, p90 20 ms" in lines
+
+
 def test_the_gpu_summary_gives_the_union_of_the_gpu_spans_and_its_idle_gaps():
     sys.path.insert(0, str(ROOT / "tools"))
     import trace_worker

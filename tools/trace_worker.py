@@ -67,7 +67,7 @@ TIMED = [
     ("engine.runtime.codec_runner", "CodecRunner", "submit", "codec_submit", lambda s, a: len(a[0])),
     ("engine.runtime.codec_runner", "CodecRunner", "completed", "codec_completed", None),
     ("engine.facade", "TTSEngine", "_prepare", "request_prepare", None),
-    ("engine.core", "RequestRun", "deliver", "deliver", lambda s, a: a[1]),
+    ("engine.core", "RequestRun", "deliver", "deliver", lambda s, a: [id(s.job), a[1], bool(a[2])]),
 ]
 
 
@@ -260,8 +260,10 @@ def pace_lines(spans: list[list]) -> list[str]:
     """How fast the steps came and what held the host: batched steps per second; the host's work
     between two read-backs of frame counts (while it works, the GPU runs only the steps queued
     before: Scheduler.read_back_lag); a request's wait from the worker taking it to its first start
-    in a slot; and a slot's empty time split at the moment the worker took the request that next
-    starts there: before it, the last audio and the client's turn; after it, that request's own wait."""
+    in a slot; a slot's empty time split at the moment the worker took the request that next
+    starts there: before it, the last audio and the client's turn; after it, that request's own wait;
+    and of the client's turn, a sequence's retirement to its last audio handed to its request (the
+    final codec call)."""
     lines = []
     steps = sorted(s[2] for s in spans if s[0] == "step" and s[4])
     if len(steps) > 1:
@@ -272,14 +274,21 @@ def pace_lines(spans: list[list]) -> list[str]:
         lines.append(f"host work between two frame-count read-backs: p50 {p50:.1f} ms, p90 {p90:.1f} ms")
     taken: dict[int, float] = {}  # job id -> when the worker took it, until its first start
     retired: dict[int, float] = {}  # slot -> when its sequence left
-    to_start_ms, before_ms, after_ms = [], [], []
-    events = sorted((s for s in spans if s[0] in ("job_run", "retire", "start")), key=lambda s: s[2])
+    running: dict[int, int] = {}  # slot -> the job id of the sequence started there
+    ended: dict[int, float] = {}  # job id -> when its sequence left its slot, until its last audio
+    to_start_ms, before_ms, after_ms, last_audio_ms = [], [], [], []
+    events = sorted((s for s in spans if s[0] in ("job_run", "retire", "start", "deliver")), key=lambda s: s[2])
     for name, _, start, end, seen, _ in events:
         if name == "job_run":  # an id is reused only after its job is gone: the latest run is its job's
             taken[seen] = start
+        elif name == "deliver":  # seen: job id, frames, whether it ends the sequence's audio
+            if seen[2] and seen[0] in ended:
+                last_audio_ms.append((start - ended.pop(seen[0])) * 1000)
         elif name == "retire":
             retired.update(dict.fromkeys(seen, end))
+            ended.update({running.pop(slot): end for slot in seen if slot in running})
         else:
+            running.update({slot: job for slot, job in seen if job is not None})
             for slot, job in seen:
                 left = retired.pop(slot, None)
                 took = taken.pop(job, None) if job is not None else None
@@ -297,6 +306,9 @@ def pace_lines(spans: list[list]) -> list[str]:
         (b50, b90), (a50, a90) = p50_p90(before_ms), p50_p90(after_ms)
         lines.append(f"a slot's empty time until the worker took its next request (the last audio, the client's "
                      f"turn): p50 {b50:.0f} ms, p90 {b90:.0f} ms; from then to its start: p50 {a50:.0f} ms, p90 {a90:.0f} ms")
+    if last_audio_ms:
+        p50, p90 = p50_p90(last_audio_ms)
+        lines.append(f"a sequence's retirement to its last audio handed to its request: p50 {p50:.0f} ms, p90 {p90:.0f} ms")
     return lines
 
 
