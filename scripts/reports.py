@@ -51,8 +51,7 @@ def level_summary(ok: list[dict]) -> dict:
     slowest = max(ok, key=lambda r: r["rtf"])
     # rtf_max_audio_s: a request of less audio than the first-audio wait under load is slower than real
     # time whatever the engine's speed (with random weights a few end after a few frames)
-    # before_first_audio_pct: under a closed loop (a client sends its next request once the last one's
-    # audio is in) the requests' time before their first audio is time their rows stand empty
+    # before_first_audio_pct: the share of the requests' time their clients waited for a first audio
     return {"ttfa_ms_p50": ttfa["p50"], "ttfa_ms_p95": ttfa["p95"], "rtf_p50": rtf["p50"],
             "before_first_audio_pct": 100 * sum(r["ttfa_ms"] / 1000 for r in ok) / sum(r["total_s"] for r in ok),
             "rtf_max": slowest["rtf"], "rtf_max_audio_s": slowest["audio_s"],
