@@ -27,6 +27,9 @@ _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
 
 
+MAX_LONE_CLIP_CHUNK_FRAMES = 256  # ~0.5 GB of fp32 activations in the encoder's first blocks
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     # Local directory or Hugging Face repo id; None = ./checkpoints/openaudio-s1-mini if present,
@@ -76,6 +79,11 @@ class EngineConfig:
     # every third request, clips wait less for their codes in batches. Each batch bucket (1, 2, 4,
     # ... up to this) keeps a CUDA graph.
     max_encode_batch: int = 8
+    # Frames a pass of one reference clip alone encodes per graph replay (passes of more clips: 32).
+    # A lone clip's pass takes its GPU time more in its kernels' number than in their work: on an idle
+    # H100 a 256-frame clip took 27 ms in 128-frame chunks against 45 ms in 32-frame ones (batches of
+    # four or eight gain little or lose). Under load its effect is not measured yet; each value keeps a graph.
+    lone_clip_chunk_frames: int = 32
     # CUDA: reference encodes run at the decode steps' stream priority rather than the codec's
     # lowest one: a request waiting for its clip's codes holds a slot that decodes nothing.
     encode_priority: bool = True
@@ -107,6 +115,9 @@ class EngineConfig:
             raise InputError("max_reference_seconds must be positive")
         if self.max_encode_batch < 1:
             raise InputError(f"max_encode_batch must be at least 1, got {self.max_encode_batch}")
+        if not 1 <= self.lone_clip_chunk_frames <= MAX_LONE_CLIP_CHUNK_FRAMES:
+            raise InputError(f"lone_clip_chunk_frames must be 1 to {MAX_LONE_CLIP_CHUNK_FRAMES} (a chunk's "
+                             f"activations grow with it), got {self.lone_clip_chunk_frames}")
         self.scheduler_config()  # validates the scheduler's settings
         if self.switch_interval_ms < 0:
             raise InputError(f"switch_interval_ms must be >= 0 (0 = leave it as it is), got {self.switch_interval_ms}")

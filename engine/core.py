@@ -79,7 +79,8 @@ class EngineCore:
         self.reference_encoder = ReferenceEncoder(models.codec, REFERENCE_CHUNK_FRAMES,
                                                   min(reference_frames, GRAPHED_REFERENCE_FRAMES),
                                                   max_batch=min(config.max_encode_batch, slots),
-                                                  high_priority=config.encode_priority and config.decode_priority)
+                                                  high_priority=config.encode_priority and config.decode_priority,
+                                                  lone_chunk_frames=config.lone_clip_chunk_frames)
         self.graphs = GraphCapture(self.runner, self.codec_runner, self.reference_encoder)
         self.clip_encodes = ClipEncodeQueue(self.reference_encoder, reference_cache,
                                             before_batch=self._capture_encoder_if_nothing_runs)

@@ -623,6 +623,28 @@ def test_a_batch_of_clips_gives_each_clip_the_codes_it_gets_alone(fixture_codec)
         encoder.start([clips[0], np.zeros(0, dtype=np.float32)])
 
 
+def test_a_lone_clip_encodes_in_chunks_of_its_own_size_to_the_codes_of_a_batched_pass(fixture_codec):
+    """A pass of one clip runs lone_chunk_frames at a time, passes of more clips chunk_frames: the
+    streamed encode carries its state across chunks, so the codes are the same up to VQ near-ties."""
+    from engine.runtime.reference_encoder import ReferenceEncoder
+
+    frame_length = fixture_codec.config.frame_length
+    encoder = ReferenceEncoder(fixture_codec, chunk_frames=4, max_frames=12, max_batch=2, lone_chunk_frames=8)
+    assert (encoder.chunk_samples(1), encoder.chunk_samples(2)) == (8 * frame_length, 4 * frame_length)
+    lone = encoder._encoders[1]
+    chunks, step = [], lone.step
+    lone.step = lambda chunk: chunks.append(chunk.shape[-1]) or step(chunk)
+    gen = torch.Generator().manual_seed(6)
+    clip = (0.3 * torch.randn(11 * frame_length + 5, generator=gen)).numpy()  # 12 frames
+    alone = encoder.encode(clip)
+    assert chunks == [8 * frame_length, 8 * frame_length]  # the second padded past the clip's end
+    assert alone.shape == (fixture_codec.config.num_codebooks, 12)
+    paired = encoder.start([clip, clip[:5 * frame_length]])[0].result()  # three chunks of 4 frames
+    with torch.inference_mode():
+        margins = vq_margins(fixture_codec, torch.from_numpy(clip).view(1, 1, -1))
+    assert_same_codes_but_near_ties(alone, paired, margins, NEAR_TIE)
+
+
 def test_streaming_encoder_takes_whole_frames_only(fixture_codec):
     frame_length = fixture_codec.config.frame_length
     encoder = StreamingEncoder(fixture_codec)

@@ -31,6 +31,8 @@ def test_env_values_are_parsed_by_type_and_overrides_win():
     ({"S1_MINI_READ_BACK_LAG": "0"}, "read_back_lag must be at least 1"),
     ({"S1_MINI_ADMIT_GATHER_STEPS": "-1"}, "admit_gather_steps and admit_min_lead_s must be >= 0"),
     ({"S1_MINI_ADMIT_MIN_LEAD_S": "-0.1"}, "admit_gather_steps and admit_min_lead_s must be >= 0"),
+    ({"S1_MINI_LONE_CLIP_CHUNK_FRAMES": "0"}, "lone_clip_chunk_frames must be 1 to 256"),
+    ({"S1_MINI_LONE_CLIP_CHUNK_FRAMES": "512"}, "lone_clip_chunk_frames must be 1 to 256"),
 ])
 def test_bad_values_are_explained(env, message):
     with pytest.raises(InputError, match=message):

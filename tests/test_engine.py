@@ -597,7 +597,8 @@ def test_new_voices_that_arrive_while_a_batch_encodes_encode_together_by_length(
     encoder = eng._core.clip_encodes.encoder
     released, starts = hold_encodes(eng, monkeypatch)
     samples, rate = sf.read(speech.wav(), dtype="float32")
-    chunk = encoder.chunk_samples * rate // 44_100 * 9 // 10  # within one encoder chunk, at the clip's rate
+    # within one chunk of a batched pass, at the clip's rate
+    chunk = encoder.chunk_samples(encoder.max_batch) * rate // 44_100 * 9 // 10
     short = [np.resize(samples, chunk) * (1.0 - 0.1 * i) for i in range(waiting + 1)]
     long = np.resize(samples, 3 * chunk)  # three chunks: another length bucket
     refs = [ReferenceInput((rate, clip), "The quick brown fox.") for clip in [*short, long]]

@@ -318,16 +318,18 @@ def test_compiled_batched_prefill_writes_the_kv_of_the_eager_one(tiny_model, s1_
     assert_same_kv(compiled.cache, eager.cache, rows, 1e-4)
 
 
-def test_graphed_reference_encoder_gives_the_eager_codes():
+@pytest.mark.parametrize("lone_chunk_frames", [8, 16])
+def test_graphed_reference_encoder_gives_the_eager_codes(lone_chunk_frames):
     """The reference encoder's chunk graph against the same encoder run eagerly, clip after clip (the
-    state is reset between clips; the last chunk is padded). The 55-frame clip is longer than the
-    graph reserves, so both encoders run it eagerly: what it checks is the clip after it, that the
-    graph still gives the eager codes once a fresh encoder has handled a long clip."""
+    state is reset between clips; the last chunk is padded), in the chunks of a lone clip's pass. The
+    55-frame clip is longer than the graph reserves, so both encoders run it eagerly: what it checks is
+    the clip after it, that the graph still gives the eager codes once a fresh encoder has handled a
+    long clip."""
     from engine.runtime.reference_encoder import ReferenceEncoder
 
     codec = load_models(EngineConfig(demo=True, device="cuda")).codec
     frame_length = codec.config.frame_length
-    graphed, eager = ReferenceEncoder(codec, 8, max_frames=40), ReferenceEncoder(codec, 8, max_frames=40)
+    graphed, eager = (ReferenceEncoder(codec, 8, max_frames=40, lone_chunk_frames=lone_chunk_frames) for _ in range(2))
     graphed.prepare()
     gen = np.random.default_rng(0)
     for frames in (3, 17.5, 40, 55, 24):

@@ -138,7 +138,7 @@ def encoder_report(codec, compiled: bool, policy, clips, batches: list[int], chu
             ms = (time.perf_counter() - started) / REPEATS * 1e3
             rows.append({"batch": batch, "ms_per_pass": ms, "ms_per_clip": ms / batch})
     step = encoder._encoders[1]
-    chunk = torch.zeros(1, 1, encoder.chunk_samples, device="cuda")
+    chunk = torch.zeros(1, 1, encoder.chunk_samples(1), device="cuda")
     with torch.inference_mode():
         step.reset()
         step.step(chunk)  # compiled code runs once before it is counted
@@ -149,7 +149,8 @@ def encoder_report(codec, compiled: bool, policy, clips, batches: list[int], chu
     kernels = sum(1 for e in prof.events() if e.device_type.name == "CUDA")
     report = {"prepare_s": prepare_s, "batches": rows, "kernels_per_chunk": kernels, "codes": codes}
     if top:
-        report.update(costliest_kernels(encoder._encoders[batches[-1]], encoder.chunk_samples, batches[-1], top))
+        report.update(costliest_kernels(encoder._encoders[batches[-1]], encoder.chunk_samples(batches[-1]),
+                                        batches[-1], top))
     return report
 
 

@@ -27,7 +27,6 @@ import time
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from ..model.codec import ModdedDAC
 from ..model.codec_stream import StreamingEncoder, encode_chunked
@@ -67,20 +66,24 @@ class ReferenceEncoder:
     it from one thread at a time (the engine's GPU worker)."""
 
     def __init__(self, codec: ModdedDAC, chunk_frames: int, max_frames: int, max_batch: int = 1,
-                 high_priority: bool = False):
-        """chunk_frames: frames encoded at a time (bounds the activations held at once); max_frames:
-        the longest clip, in frames, that the batched encoders (and their graphs) take; max_batch:
-        the most clips encoded in one pass; high_priority: on CUDA, encode on a stream of the highest
-        priority (the decode steps'), not the lowest (the codec's)."""
+                 high_priority: bool = False, lone_chunk_frames: int | None = None):
+        """chunk_frames: frames encoded at a time (bounds the activations held at once);
+        lone_chunk_frames: the same for a pass of one clip (default chunk_frames), whose GPU time goes
+        more to its kernels' number than to their work, so that fewer, longer chunks cost it less;
+        max_frames: the longest clip, in frames, that the batched encoders (and their graphs) take;
+        max_batch: the most clips encoded in one pass; high_priority: on CUDA, encode on a stream of
+        the highest priority (the decode steps'), not the lowest (the codec's)."""
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         self.codec, self.chunk_frames, self.max_frames = codec, chunk_frames, max_frames
         self.device = next(codec.parameters()).device
         self.batches = batch_buckets(max_batch)
+        self._chunk_frames = {b: chunk_frames for b in self.batches} | {1: lone_chunk_frames or chunk_frames}
         self._encoders = {b: StreamingEncoder(codec, batch=b) for b in self.batches}
-        for encoder in self._encoders.values():
+        for batch, encoder in self._encoders.items():
             # Replays run whole chunks, so the longest clip reaches its last chunk's padded end.
-            encoder.reserve(-(-max_frames // chunk_frames) * chunk_frames)
+            frames = self._chunk_frames[batch]
+            encoder.reserve(-(-max_frames // frames) * frames)
         self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}  # batch -> graph, in, out
         self._stream = None
         if self.device.type == "cuda":
@@ -96,9 +99,9 @@ class ReferenceEncoder:
         """Every batch bucket's chunk graph exists (prepare() ran); until then encodes run eagerly."""
         return len(self._graphs) == len(self.batches)
 
-    @property
-    def chunk_samples(self) -> int:
-        return self.chunk_frames * self.codec.config.frame_length
+    def chunk_samples(self, batch: int) -> int:
+        """The samples a pass of `batch` clips (a batch bucket) encodes at a time."""
+        return self._chunk_frames[batch] * self.codec.config.frame_length
 
     def frames_of(self, samples: int) -> int:
         return -(-samples // self.codec.config.frame_length)
@@ -116,7 +119,7 @@ class ReferenceEncoder:
         pool = torch.cuda.graph_pool_handle()
         with torch.inference_mode():
             for batch, encoder in self._encoders.items():
-                chunk = torch.zeros(batch, 1, self.chunk_samples, device=self.device)
+                chunk = torch.zeros(batch, 1, self.chunk_samples(batch), device=self.device)
                 graph, codes = capture(lambda: encoder.step(chunk), self._stream, pool)  # noqa: B023 (called here)
                 self._graphs[batch] = graph, chunk, codes
                 encoder.reset()
@@ -152,17 +155,17 @@ class ReferenceEncoder:
         return [EncodeHandle(out[i, :, :n], done, keep=(host,)) for i, n in enumerate(frames)]
 
     def _encode(self, rows: list[torch.Tensor], frames: int) -> torch.Tensor:
-        """(bucket, num_codebooks, chunks * chunk_frames) codes of the rows (padded to the longest, a
-        whole number of chunks) on the device, on the current stream; rows past len(rows) are silence."""
-        chunk_samples = self.chunk_samples
-        length = -(-frames * self.codec.config.frame_length // chunk_samples) * chunk_samples
+        """(bucket, num_codebooks, chunks * the bucket's chunk frames) codes of the rows (padded to the
+        longest, a whole number of chunks) on the device, on the current stream; rows past len(rows)
+        are silence. A clip longer than max_frames: (1, num_codebooks, its frames)."""
         with torch.inference_mode():
             if frames > self.max_frames:
                 # Longer than reserved (one clip): a fresh encoder, whose RoPE tables may grow (growing
                 # this one's would free the table its graph reads).
-                audio = F.pad(rows[0].view(1, 1, -1), (0, length - rows[0].shape[-1]))
-                return encode_chunked(self.codec, audio, self.chunk_frames)
+                return encode_chunked(self.codec, rows[0].view(1, 1, -1), self.chunk_frames)
             batch = next(b for b in self.batches if b >= len(rows))
+            chunk_samples = self.chunk_samples(batch)
+            length = -(-frames * self.codec.config.frame_length // chunk_samples) * chunk_samples
             audio = torch.zeros(batch, 1, length, device=rows[0].device)
             for i, row in enumerate(rows):
                 audio[i, 0, :row.shape[-1]] = row
