@@ -11,9 +11,11 @@ cost less as one pass of four than as passes of two and one, see clip_encodes).
 
 Encoding a clip eagerly launches ~1,300 kernels per 32-frame chunk from Python, several times the
 clip's GPU time, and more inside a busy server, where the worker thread that encodes also runs every
-decode step. The chunk's graph replays the same kernels with one launch: the same codes. Every chunk,
-the last one included, has the same size: the last is padded with zeros, which the causal encoder
-sees only after the clip's real frames, whose codes are kept.
+decode step. The chunk's graph replays the same kernels with one launch: the same codes. Every chunk
+of a pass, the last one included, has the same size: the last is padded with zeros, which the causal
+encoder sees only after the clip's real frames, whose codes are kept. A pass of one clip may take
+longer chunks than batched passes (`lone_chunk_frames`): its kernels are small, so their number more
+than their work sets its GPU time.
 
 On CUDA the encodes run on a stream of their own (`start`): the worker thread goes on stepping the
 running sequences, whose steps the encode's kernels share the GPU with, instead of waiting for each
