@@ -67,7 +67,7 @@ TIMED = [
     ("engine.runtime.codec_runner", "CodecRunner", "submit", "codec_submit", lambda s, a: len(a[0])),
     ("engine.runtime.codec_runner", "CodecRunner", "completed", "codec_completed", None),
     ("engine.facade", "TTSEngine", "_prepare", "request_prepare", None),
-    ("engine.core", "RequestRun", "deliver", "deliver", lambda s, a: [id(s.job), a[1], bool(a[2])]),
+    ("engine.core", "RequestRun", "deliver", "deliver", lambda s, a: [job_id(s), a[1], bool(a[2])]),
 ]
 
 
