@@ -82,8 +82,8 @@ class EngineConfig:
     # Frames a pass of one reference clip alone encodes per graph replay (passes of more clips: 32).
     # A lone clip's pass takes its GPU time more in its kernels' number than in their work: on an idle
     # H100 a 256-frame clip took 27 ms in 128-frame chunks against 45 ms in 32-frame ones (batches of
-    # four or eight gain little or lose). Under load its effect is not measured yet; each value keeps a graph.
-    lone_clip_chunk_frames: int = 32
+    # four or eight gain little or lose; docs/PERFORMANCE.md has the default mix under load).
+    lone_clip_chunk_frames: int = 128
     # CUDA: reference encodes run at the decode steps' stream priority rather than the codec's
     # lowest one: a request waiting for its clip's codes holds a slot that decodes nothing.
     encode_priority: bool = True

@@ -318,10 +318,11 @@ def test_compiled_batched_prefill_writes_the_kv_of_the_eager_one(tiny_model, s1_
     assert_same_kv(compiled.cache, eager.cache, rows, 1e-4)
 
 
-@pytest.mark.parametrize("lone_chunk_frames", [8, 16])
+@pytest.mark.parametrize("lone_chunk_frames", [8, 16, 64])
 def test_graphed_reference_encoder_gives_the_eager_codes(lone_chunk_frames):
     """The reference encoder's chunk graph against the same encoder run eagerly, clip after clip (the
-    state is reset between clips; the last chunk is padded), in the chunks of a lone clip's pass. The
+    state is reset between clips; the last chunk is padded), in the chunks of a lone clip's pass (64:
+    one chunk longer than the longest clip the graph takes, as the engine's 128 frames can be). The
     55-frame clip is longer than the graph reserves, so both encoders run it eagerly: what it checks is
     the clip after it, that the graph still gives the eager codes once a fresh encoder has handled a
     long clip."""
