@@ -69,6 +69,8 @@ def test_the_summary_finds_bursts_and_their_first_admission_and_longest_prefill(
     summary = trace_worker.summarise(spans)
     assert ("burst at 10.00 s: 20 requests over 190 ms; first admission 100 ms after the first request; "
             "longest prefill call 300 ms; longest job (a request's set-up) 25 ms; longest collection 2.0 ms") in summary
+    # two admissions of 10 and 300 ms: the percentiles the nearest rank below, the p99 not under the p50
+    assert f"{'admit':20s} {2:7d} {10.0:8.2f} {10.0:8.2f} {300.0:9.1f} {0.31:8.2f}" in summary.splitlines()
 
 
 def test_the_summary_says_how_full_the_steps_and_codec_calls_were_and_how_long_slots_stood_empty():
@@ -127,10 +129,10 @@ def test_the_summary_times_a_sequences_last_audio_from_its_retirement():
              ["deliver", "w", 1.2, 1.201, [7, 4, False], None],  # a first hand-out: not the last audio
              ["retire", "w", 1.3, 1.31, [0, 1], None],
              ["deliver", "w", 1.33, 1.331, [8, 12, True], None],  # 20 ms after its retirement
-             ["deliver", "w", 1.35, 1.351, [7, 20, True], None],  # 40 ms
+             ["deliver", "w", 1.35, 1.351, [7, 20, True], None],  # 40 ms: both percentiles the nearest rank below
              ["deliver", "w", 1.4, 1.401, [9, 3, True], None]]  # a request that never started in the trace
     lines = trace_worker.pace_lines(spans)
-    assert "a sequence's retirement to its last audio handed to its request: p50 30 ms, p90 20 ms" in lines
+    assert "a sequence's retirement to its last audio handed to its request: p50 20 ms, p90 20 ms" in lines
 
 
 def test_the_gpu_summary_gives_the_union_of_the_gpu_spans_and_its_idle_gaps():
