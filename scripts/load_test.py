@@ -18,7 +18,9 @@ real-time factor (wall time / audio duration), audio seconds, underrun (how long
 starts playing at the first audio would wait for more), and the error if any (429 answers are
 counted as rejected), and the engine's stages until the first audio (from the engine in process, over
 HTTP from the answer's Server-Timing header). Per level: audio-seconds per second overall and
-percentiles.
+percentiles, and where the engine's GPUs are this machine's (in process, or a server at a loopback
+address) their SM clock, temperature and power while the level ran (nvidia-smi), to tell a slower
+level from a GPU that lowered its clocks.
 """
 
 from __future__ import annotations
@@ -32,12 +34,14 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import numpy as np
 
 SCRIPTS = Path(__file__).resolve().parent
 # The engine (--in-process), and this folder's options and reports shared with the other scripts.
 sys.path[:0] = [str(SCRIPTS.parent), str(SCRIPTS)]
+from gpu_monitor import GPUMonitor, describe  # noqa: E402
 from reports import environment, level_summary, stream_record, write_reports  # noqa: E402
 from weight_options import add_weight_options, settle_weights, weight_config  # noqa: E402
 
@@ -423,9 +427,12 @@ def run_levels(target, args, levels: list[int]) -> list[dict]:
         warm = one_request(target, n, encoded_body(n, args))
         if warm["status"] != 200:
             raise SystemExit(f"the warm-up request failed: {warm}")
-    results, offset = [], WARM_REQUESTS
+    results, offset, local = [], WARM_REQUESTS, engine_gpus_are_here(args)
     for clients in levels:
-        results.append(run_level(target, clients, args, offset))
+        with GPUMonitor(enabled=local) as gpus:
+            results.append(run_level(target, clients, args, offset))
+        if gpus.summary() is not None:
+            results[-1]["gpu"] = gpus.summary()
         offset += clients * args.requests_per_client
         s = results[-1]
         print(f"{clients:>4} streams: {s['audio_s_per_s']:7.1f} audio-s/s  TTFA p50 {s.get('ttfa_ms_p50', 0):6.0f} ms "
@@ -440,7 +447,17 @@ def run_levels(target, args, levels: list[int]) -> list[dict]:
             if summary.get("stages_ms"):
                 print(f"      {kind} until the first audio, ms p50 / p95: " + ", ".join(
                     f"{stage} {p['p50']:.0f} / {p['p95']:.0f}" for stage, p in summary["stages_ms"].items()))
+        for gpu in s.get("gpu", []):
+            print(f"      {describe(gpu)}")
     return results
+
+
+def engine_gpus_are_here(args) -> bool:
+    """The engine runs on this machine's GPUs: in process, or a server at a loopback address."""
+    if args.in_process:
+        return True
+    host = urlsplit(args.url).hostname or ""
+    return host in ("localhost", "::1") or host.startswith("127.")
 
 
 if __name__ == "__main__":

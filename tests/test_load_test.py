@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.test_app_support import ROOT, DemoServer
+from tests.test_gpu_monitor import fake_nvidia_smi
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
 import load_test  # noqa: E402
@@ -67,6 +68,9 @@ def test_load_test_in_process_sends_the_same_requests_to_an_engine_here(tmp_path
     monkeypatch.setattr(TTSEngine, "from_config", lambda config: (configs.append(config), from_config(config))[1])
     run_levels = load_test.run_levels  # measured with the start-up heap out of the collector's passes, as a server
     monkeypatch.setattr(load_test, "run_levels", lambda *a: (frozen.append(gc.get_freeze_count()), run_levels(*a))[1])
+    fake_gpu = sys.platform != "win32"  # an nvidia-smi that reports one GPU at 1,755-1,980 MHz
+    if fake_gpu:
+        monkeypatch.setenv("PATH", str(fake_nvidia_smi(tmp_path)) + os.pathsep + os.environ["PATH"])
     out = tmp_path / "in-process.json"
     assert load_test.main(["--in-process", "--weights", "demo", "--cache-dir", str(tmp_path / "cache"),
                            "--levels", "3", "--requests-per-client", "1", "--max-new-tokens", "8",
@@ -80,6 +84,8 @@ def test_load_test_in_process_sends_the_same_requests_to_an_engine_here(tmp_path
     (level,) = report["levels"]
     assert level["errors"] == 0 and level["ok"] == level["requests"] == 3
     assert {load_test.voice_kind(r["n"]) for r in level["records"]} == set(load_test.VOICE_KINDS)
+    if fake_gpu:  # the engine's GPU (here) sampled while the level ran
+        assert [(gpu["index"], gpu["sm_clock_mhz_min"]) for gpu in level["gpu"]] == [(0, 1755.0)]
     for record in level["records"]:
         assert record["arrivals"] and abs(sum(s for _, s in record["arrivals"]) - record["audio_s"]) < 1e-3
         # The engine's stages until the first audio, in order, within the client's wait for it.
