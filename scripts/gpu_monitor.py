@@ -65,11 +65,12 @@ def describe(gpu: dict) -> str:
 
 class GPUMonitor:
     """Samples every INTERVAL_MS inside a with-block; `summary()` afterwards (None when nothing was
-    sampled: no nvidia-smi, or not enabled)."""
+    sampled: no nvidia-smi, not enabled, or nvidia-smi failed, whose first words `problem` gives)."""
 
     def __init__(self, enabled: bool = True, command: str = "nvidia-smi", interval_ms: int = INTERVAL_MS):
         self.enabled, self.command, self.interval_ms = enabled, command, interval_ms
         self._samples: list[dict] = []
+        self._other_lines: list[str] = []
         self._process: subprocess.Popen | None = None
         self._reader: threading.Thread | None = None
 
@@ -79,7 +80,7 @@ class GPUMonitor:
             self._process = subprocess.Popen(
                 [path, "--query-gpu=" + ",".join(FIELDS), "--format=csv,noheader,nounits",
                  f"--loop-ms={self.interval_ms}"],
-                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
             self._reader = threading.Thread(target=self._read, name="gpu-monitor", daemon=True)
             self._reader.start()
         return self
@@ -89,6 +90,8 @@ class GPUMonitor:
             sample = parse_sample(line)
             if sample is not None:
                 self._samples.append(sample)
+            elif line.strip() and len(self._other_lines) < 5:
+                self._other_lines.append(line.strip())
 
     def __exit__(self, *exc) -> None:
         if self._process is None:
@@ -103,3 +106,9 @@ class GPUMonitor:
 
     def summary(self) -> list[dict] | None:
         return summarize(self._samples) if self._samples else None
+
+    @property
+    def problem(self) -> str | None:
+        """What nvidia-smi printed instead of samples, when it gave none (e.g. a field its version
+        does not know)."""
+        return " ".join(self._other_lines) if self._other_lines and not self._samples else None

@@ -433,6 +433,8 @@ def run_levels(target, args, levels: list[int]) -> list[dict]:
             results.append(run_level(target, clients, args, offset))
         if gpus.summary() is not None:
             results[-1]["gpu"] = gpus.summary()
+        elif gpus.problem:
+            print(f"      no GPU samples: nvidia-smi said {gpus.problem!r}")
         offset += clients * args.requests_per_client
         s = results[-1]
         print(f"{clients:>4} streams: {s['audio_s_per_s']:7.1f} audio-s/s  TTFA p50 {s.get('ttfa_ms_p50', 0):6.0f} ms "

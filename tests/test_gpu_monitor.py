@@ -61,6 +61,7 @@ def test_the_monitor_samples_in_nvidia_smi_s_loop_mode_until_the_block_ends(tmp_
     assert monitor._process.poll() is not None  # stopped with the block
     (gpu,) = monitor.summary()
     assert gpu["samples"] >= 2 and gpu["sm_clock_mhz_min"] == 1755.0 and gpu["sm_clock_mhz_allowed"] == 1980.0
+    assert monitor.problem is None
     assert (tmp_path / "args.txt").read_text().split() == [
         "--query-gpu=index,clocks.sm,clocks.max.sm,temperature.gpu,power.draw", "--format=csv,noheader,nounits",
         "--loop-ms=500"]
@@ -78,6 +79,18 @@ def test_nothing_is_sampled_when_disabled_or_without_nvidia_smi(tmp_path, monkey
     with gpu_monitor.GPUMonitor() as monitor:
         pass
     assert monitor.summary() is None
+
+
+@needs_sh
+def test_what_nvidia_smi_printed_instead_of_samples_is_kept(tmp_path, monkeypatch):
+    script = tmp_path / "nvidia-smi"
+    script.write_text('#!/bin/sh\necho \'Field "clocks.max.sm" is not a valid field to query.\' >&2\nexit 2\n')
+    script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("PATH", str(tmp_path) + os.pathsep + os.environ["PATH"])
+    with gpu_monitor.GPUMonitor() as monitor:
+        time.sleep(0.2)
+    assert monitor.summary() is None
+    assert monitor.problem == 'Field "clocks.max.sm" is not a valid field to query.'
 
 
 @pytest.mark.parametrize("url, here", [("http://127.0.0.1:7860", True), ("http://localhost:7860", True),
