@@ -430,11 +430,12 @@ def run_levels(target, args, levels: list[int]) -> list[dict]:
     results, offset, local = [], WARM_REQUESTS, engine_gpus_are_here(args)
     for clients in levels:
         with GPUMonitor(enabled=local) as gpus:
-            results.append(run_level(target, clients, args, offset))
+            level = run_level(target, clients, args, offset)
         if gpus.summary() is not None:
-            results[-1]["gpu"] = gpus.summary()
+            level["gpu"] = gpus.summary()
         elif gpus.problem:
-            print(f"      no GPU samples: nvidia-smi said {gpus.problem!r}")
+            level["gpu_problem"] = gpus.problem
+        results.append(level)
         offset += clients * args.requests_per_client
         s = results[-1]
         print(f"{clients:>4} streams: {s['audio_s_per_s']:7.1f} audio-s/s  TTFA p50 {s.get('ttfa_ms_p50', 0):6.0f} ms "
@@ -451,6 +452,8 @@ def run_levels(target, args, levels: list[int]) -> list[dict]:
                     f"{stage} {p['p50']:.0f} / {p['p95']:.0f}" for stage, p in summary["stages_ms"].items()))
         for gpu in s.get("gpu", []):
             print(f"      {describe(gpu)}")
+        if s.get("gpu_problem"):
+            print(f"      no GPU samples: nvidia-smi said {s['gpu_problem']!r}")
     return results
 
 

@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -190,3 +191,30 @@ def test_length_spread_varies_each_request_s_frames_the_same_way_on_every_run():
     for bad in ("-0.1", "1"):
         with pytest.raises(SystemExit):
             load_test.main(["--length-spread", bad])
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="the fake nvidia-smi is a shell script")
+def test_a_level_without_gpu_samples_says_what_nvidia_smi_said(tmp_path, monkeypatch, capsys):
+    script = tmp_path / "nvidia-smi"
+    script.write_text("#!/bin/sh\necho 'NVIDIA-SMI has failed because it could not communicate with the driver.'\nexit 9\n")
+    script.chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path) + os.pathsep + os.environ["PATH"])
+
+    class Target:  # answers every request with half a second of audio at once
+        def add_voice(self, voice, clip, transcript):
+            pass
+
+        def stream(self, body, stats):
+            yield 0.5
+
+    def run_level(target, clients, args, offset):
+        time.sleep(0.2)  # the level runs while nvidia-smi fails
+        return {"streams": clients, "requests": clients, "errors": 0, "rejected": 0, "audio_s_per_s": 1.0, "by_voice": {}}
+
+    monkeypatch.setattr(load_test, "run_level", run_level)
+    args = _Args()
+    args.in_process, args.url, args.requests_per_client = True, "in-process", 1
+    (level,) = load_test.run_levels(Target(), args, [2])
+    assert "gpu" not in level
+    assert level["gpu_problem"] == "NVIDIA-SMI has failed because it could not communicate with the driver."
+    assert "no GPU samples: nvidia-smi said 'NVIDIA-SMI has failed" in capsys.readouterr().out
