@@ -103,6 +103,7 @@ class GPUMonitor:
             self._process.kill()
             self._process.wait()
         self._reader.join(timeout=5)
+        self._process.stdout.close()
 
     def summary(self) -> list[dict] | None:
         return summarize(self._samples) if self._samples else None
