@@ -431,8 +431,8 @@ def run_levels(target, args, levels: list[int]) -> list[dict]:
     for clients in levels:
         with GPUMonitor(enabled=local) as gpus:
             level = run_level(target, clients, args, offset)
-        if gpus.summary() is not None:
-            level["gpu"] = gpus.summary()
+        if (gpu := gpus.summary()) is not None:
+            level["gpu"] = gpu
         elif gpus.problem:
             level["gpu_problem"] = gpus.problem
         results.append(level)

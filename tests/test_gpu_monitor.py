@@ -44,13 +44,18 @@ def test_the_summary_gives_each_gpu_its_lowest_and_median_clock_and_its_highest_
     assert "n/a (2 samples)" in gpu_monitor.describe(unknown)
 
 
-def fake_nvidia_smi(folder: Path) -> Path:
-    """An nvidia-smi that writes its arguments to args.txt and prints two samples every 20 ms."""
+def nvidia_smi_script(folder: Path, body: str) -> Path:
+    """An executable nvidia-smi in `folder` running the shell commands `body`; returns the folder."""
     script = folder / "nvidia-smi"
-    script.write_text('#!/bin/sh\necho "$@" > "$(dirname "$0")/args.txt"\n'
-                      'while true; do echo "0, 1755, 1980, 61, 650"; echo "0, 1980, 1980, 58, 600"; sleep 0.02; done\n')
+    script.write_text("#!/bin/sh\n" + body)
     script.chmod(script.stat().st_mode | stat.S_IEXEC)
     return folder
+
+
+def fake_nvidia_smi(folder: Path) -> Path:
+    """An nvidia-smi that writes its arguments to args.txt and prints two samples every 20 ms."""
+    return nvidia_smi_script(folder, 'echo "$@" > "$(dirname "$0")/args.txt"\n'
+                             'while true; do echo "0, 1755, 1980, 61, 650"; echo "0, 1980, 1980, 58, 600"; sleep 0.02; done\n')
 
 
 @needs_sh
@@ -83,10 +88,8 @@ def test_nothing_is_sampled_when_disabled_or_without_nvidia_smi(tmp_path, monkey
 
 @needs_sh
 def test_what_nvidia_smi_printed_instead_of_samples_is_kept(tmp_path, monkeypatch):
-    script = tmp_path / "nvidia-smi"
-    script.write_text('#!/bin/sh\necho \'Field "clocks.max.sm" is not a valid field to query.\' >&2\nexit 2\n')
-    script.chmod(script.stat().st_mode | stat.S_IEXEC)
-    monkeypatch.setenv("PATH", str(tmp_path) + os.pathsep + os.environ["PATH"])
+    folder = nvidia_smi_script(tmp_path, 'echo \'Field "clocks.max.sm" is not a valid field to query.\' >&2\nexit 2\n')
+    monkeypatch.setenv("PATH", str(folder) + os.pathsep + os.environ["PATH"])
     with gpu_monitor.GPUMonitor() as monitor:
         time.sleep(0.2)
     assert monitor.summary() is None

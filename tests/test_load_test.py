@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.test_app_support import ROOT, DemoServer
-from tests.test_gpu_monitor import fake_nvidia_smi
+from tests.test_gpu_monitor import fake_nvidia_smi, nvidia_smi_script
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
 import load_test  # noqa: E402
@@ -195,10 +195,9 @@ def test_length_spread_varies_each_request_s_frames_the_same_way_on_every_run():
 
 @pytest.mark.skipif(sys.platform == "win32", reason="the fake nvidia-smi is a shell script")
 def test_a_level_without_gpu_samples_says_what_nvidia_smi_said(tmp_path, monkeypatch, capsys):
-    script = tmp_path / "nvidia-smi"
-    script.write_text("#!/bin/sh\necho 'NVIDIA-SMI has failed because it could not communicate with the driver.'\nexit 9\n")
-    script.chmod(0o755)
-    monkeypatch.setenv("PATH", str(tmp_path) + os.pathsep + os.environ["PATH"])
+    failure = "NVIDIA-SMI has failed because it could not communicate with the driver."
+    folder = nvidia_smi_script(tmp_path, f"echo '{failure}'\nexit 9\n")
+    monkeypatch.setenv("PATH", str(folder) + os.pathsep + os.environ["PATH"])
 
     class Target:  # answers every request with half a second of audio at once
         def add_voice(self, voice, clip, transcript):
@@ -216,5 +215,5 @@ def test_a_level_without_gpu_samples_says_what_nvidia_smi_said(tmp_path, monkeyp
     args.in_process, args.url, args.requests_per_client = True, "in-process", 1
     (level,) = load_test.run_levels(Target(), args, [2])
     assert "gpu" not in level
-    assert level["gpu_problem"] == "NVIDIA-SMI has failed because it could not communicate with the driver."
+    assert level["gpu_problem"] == failure
     assert "no GPU samples: nvidia-smi said 'NVIDIA-SMI has failed" in capsys.readouterr().out
