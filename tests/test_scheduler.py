@@ -19,6 +19,8 @@ from engine.runtime.scheduler import (ADMIT_GATHER_STEPS, ADMIT_MAX_DEFER_STEPS,
                                       END_CHECK_STEPS, RAMP, RAMP_END, AllGraphs, Scheduler, SchedulerConfig,
                                       SequenceSpec)
 
+from scheduling import run_until_idle, step
+
 CAPACITY = 256
 NUM_CODEBOOKS = 10
 
@@ -95,11 +97,18 @@ class SimulatedDevice:
 
 
 class Owner:
+    """A sequence owner for the simulated device, whose frames are lists (scheduling.Collector's are tensors)."""
+
     def __init__(self):
         self.blocks, self.firsts, self.error, self.finished, self.cancelled = [], [], None, False, False
 
     def fail(self, exc):
         self.error = exc
+
+    def take(self, codes, first, final):
+        self.blocks.append(codes)
+        self.firsts.append(first)
+        self.finished = final
 
     @property
     def frames(self):
@@ -111,22 +120,6 @@ def loop_for(slots=4, graphs=None, frame_rate=None, clock=None, **config):
     options = {"frame_rate": frame_rate, **({"clock": clock} if clock else {})}
     scheduler = Scheduler(slots, CAPACITY, config, graphs, **options)
     return DecodeLoop(scheduler, SimulatedDevice(slots))
-
-
-def step(loop):
-    for h in loop.step():
-        h.owner.blocks.append(h.codes)
-        h.owner.firsts.append(h.first)
-        h.owner.finished = h.final
-
-
-def run_until_idle(loop, on_step=lambda i: None, limit=10_000):
-    for i in range(limit):
-        on_step(i)
-        if not loop.busy:
-            return i
-        step(loop)
-    raise AssertionError("still busy")
 
 
 def expected_frames(s: SequenceSpec, n: int):
